@@ -1,0 +1,330 @@
+//! One FX graph: nodes in a petgraph `StableGraph`, an explicit program order, parameters and
+//! the gradient map.
+
+use crate::{Dim, Dtype, Node, Op, Problem};
+use bincode::{Decode, Encode};
+use petgraph::Direction;
+use petgraph::stable_graph::{NodeIndex, StableDiGraph};
+use petgraph::visit::{EdgeRef, NodeIndexable};
+use std::collections::HashMap;
+
+/// A node handle. Only a [`Graph`] hands them out, so a `NodeId` from a graph is valid in it
+/// until that node is removed.
+pub type NodeId = NodeIndex<u32>;
+
+/// What part of a training step a graph is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Encode, Decode)]
+pub enum GraphKind {
+    #[default]
+    Forward,
+    Backward,
+    Inference,
+    Joint,
+}
+
+impl GraphKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            GraphKind::Forward => "forward",
+            GraphKind::Backward => "backward",
+            GraphKind::Inference => "inference",
+            GraphKind::Joint => "joint",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<GraphKind> {
+        Some(match name {
+            "forward" => GraphKind::Forward,
+            "backward" => GraphKind::Backward,
+            "inference" => GraphKind::Inference,
+            "joint" => GraphKind::Joint,
+            _ => return None,
+        })
+    }
+}
+
+/// A trainable parameter among the placeholders: what ZeRO-3 shards.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Param<R = NodeId> {
+    /// Fully qualified name, stable across the graphs of a program.
+    pub name: String,
+    /// The placeholder that carries it in this graph.
+    pub node: R,
+    pub shape: Vec<Dim>,
+    pub dtype: Dtype,
+    /// Kept unsharded (ZeRO-3's persistence threshold).
+    pub persistent: bool,
+}
+
+impl<R> Param<R> {
+    /// The same parameter carried by another spelling of its placeholder reference.
+    pub fn with_node<S>(&self, node: S) -> Param<S> {
+        Param {
+            name: self.name.clone(),
+            node,
+            shape: self.shape.clone(),
+            dtype: self.dtype,
+            persistent: self.persistent,
+        }
+    }
+
+    /// Full (unsharded) byte size; `None` on overflow.
+    pub fn nbytes(&self) -> Option<u64> {
+        let numel = self
+            .shape
+            .iter()
+            .try_fold(1u64, |acc, d| acc.checked_mul(d.hint()))?;
+        numel.checked_mul(self.dtype.size())
+    }
+}
+
+/// In a backward graph: output position `output_index` is the gradient of `param`.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Grad {
+    pub param: String,
+    pub output_index: u32,
+}
+
+/// A graph. Data edges run from producer to consumer, one per distinct pair, and always
+/// mirror the references in the nodes' arguments: only this type edits either.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    pub name: Option<String>,
+    pub kind: GraphKind,
+    dag: StableDiGraph<Node, (), u32>,
+    order: Vec<NodeId>,
+    names: HashMap<String, NodeId>,
+    pub params: Vec<Param>,
+    pub grads: Vec<Grad>,
+}
+
+impl Graph {
+    pub fn new(name: Option<String>, kind: GraphKind) -> Graph {
+        Graph {
+            name,
+            kind,
+            ..Graph::default()
+        }
+    }
+
+    /// The label used in messages: the graph's name, or `<unnamed>`.
+    pub fn label(&self) -> &str {
+        self.name.as_deref().unwrap_or("<unnamed>")
+    }
+
+    /// Adds a node without placing it in the program order (see [`Graph::set_order`]).
+    pub fn add(&mut self, node: Node) -> Result<NodeId, Problem> {
+        if self.names.contains_key(&node.name) {
+            return Err(Problem::NameTaken { name: node.name });
+        }
+        if let Some(bad) = node.refs().find(|r| !self.dag.contains_node(**r)) {
+            return Err(Problem::DanglingRef { index: bad.index() });
+        }
+        let producers = distinct(node.refs().copied());
+        let name = node.name.clone();
+        let id = self.dag.add_node(node);
+        for p in producers {
+            self.dag.add_edge(p, id, ());
+        }
+        self.names.insert(name, id);
+        Ok(id)
+    }
+
+    /// Adds a node at the end of the program order.
+    pub fn push(&mut self, node: Node) -> Result<NodeId, Problem> {
+        let id = self.add(node)?;
+        self.order.push(id);
+        Ok(id)
+    }
+
+    /// Replaces the program order. It must hold every live node exactly once.
+    pub fn set_order(&mut self, order: Vec<NodeId>) -> Result<(), Problem> {
+        let mut seen = vec![false; self.dag.node_bound()];
+        for &id in &order {
+            match seen.get_mut(id.index()) {
+                Some(s) if !*s && self.dag.contains_node(id) => *s = true,
+                _ => return Err(Problem::BadOrder),
+            }
+        }
+        if order.len() != self.dag.node_count() {
+            return Err(Problem::BadOrder);
+        }
+        self.order = order;
+        Ok(())
+    }
+
+    /// Replaces a node's arguments, keeping the data edges in step.
+    pub fn set_args(
+        &mut self,
+        id: NodeId,
+        args: Vec<crate::Arg<NodeId>>,
+        kwargs: std::collections::BTreeMap<String, crate::Arg<NodeId>>,
+    ) -> Result<(), Problem> {
+        let mut probe = Node {
+            args,
+            kwargs,
+            ..Node::call("", "", vec![])
+        };
+        if let Some(bad) = probe
+            .refs()
+            .find(|r| !self.dag.contains_node(**r) || **r == id)
+        {
+            return Err(Problem::DanglingRef { index: bad.index() });
+        }
+        let producers = distinct(probe.refs().copied());
+        let node = &mut self.dag[id];
+        std::mem::swap(&mut node.args, &mut probe.args);
+        std::mem::swap(&mut node.kwargs, &mut probe.kwargs);
+        let old: Vec<_> = self
+            .dag
+            .edges_directed(id, Direction::Incoming)
+            .map(|e| e.id())
+            .collect();
+        for e in old {
+            self.dag.remove_edge(e);
+        }
+        for p in producers {
+            self.dag.add_edge(p, id, ());
+        }
+        Ok(())
+    }
+
+    /// Removes a node that nothing uses any more.
+    pub fn remove(&mut self, id: NodeId) -> Result<Node, Problem> {
+        if self
+            .dag
+            .neighbors_directed(id, Direction::Outgoing)
+            .next()
+            .is_some()
+        {
+            return Err(Problem::StillUsed);
+        }
+        let node = self
+            .dag
+            .remove_node(id)
+            .ok_or(Problem::DanglingRef { index: id.index() })?;
+        self.names.remove(&node.name);
+        self.order.retain(|&n| n != id);
+        Ok(node)
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.dag[id]
+    }
+
+    pub fn get(&self, id: NodeId) -> Option<&Node> {
+        self.dag.node_weight(id)
+    }
+
+    /// Metadata may change freely: it carries no edges.
+    pub fn meta_mut(&mut self, id: NodeId) -> &mut crate::Meta {
+        &mut self.dag[id].meta
+    }
+
+    pub fn node_by_name(&self, name: &str) -> Option<NodeId> {
+        self.names.get(name).copied()
+    }
+
+    /// `base` if no node has that name, else the first free `base_N`.
+    pub fn fresh_name(&self, base: &str) -> String {
+        if !self.names.contains_key(base) {
+            return base.to_owned();
+        }
+        (1u64..)
+            .map(|i| format!("{base}_{i}"))
+            .find(|n| !self.names.contains_key(n))
+            .unwrap_or_default()
+    }
+
+    /// The program order.
+    pub fn order(&self) -> &[NodeId] {
+        &self.order
+    }
+
+    /// Nodes in program order with their data.
+    pub fn nodes(&self) -> impl Iterator<Item = (NodeId, &Node)> {
+        self.order.iter().map(|&id| (id, &self.dag[id]))
+    }
+
+    pub fn len(&self) -> usize {
+        self.dag.node_count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.dag.node_count() == 0
+    }
+
+    /// One past the largest node index: the size side tables need.
+    pub fn node_bound(&self) -> usize {
+        self.dag.node_bound()
+    }
+
+    /// Distinct producers a node reads, in the order its arguments first name them.
+    pub fn inputs(&self, id: NodeId) -> Vec<NodeId> {
+        distinct(self.dag[id].refs().copied())
+    }
+
+    /// Distinct consumers of a node, by ascending index (deterministic, not program order).
+    pub fn users(&self, id: NodeId) -> Vec<NodeId> {
+        let mut users: Vec<NodeId> = self
+            .dag
+            .neighbors_directed(id, Direction::Outgoing)
+            .collect();
+        users.sort_unstable();
+        users
+    }
+
+    pub fn has_users(&self, id: NodeId) -> bool {
+        self.dag
+            .neighbors_directed(id, Direction::Outgoing)
+            .next()
+            .is_some()
+    }
+
+    /// The dataflow graph, for petgraph's algorithms.
+    pub fn dag(&self) -> &StableDiGraph<Node, (), u32> {
+        &self.dag
+    }
+
+    /// The first `output` node in program order.
+    pub fn output(&self) -> Option<NodeId> {
+        self.order
+            .iter()
+            .rev()
+            .copied()
+            .find(|&id| self.dag[id].op == Op::Output)
+    }
+
+    /// The returned values: the output node's one argument, flattened one level.
+    pub fn output_values(&self) -> &[crate::Arg<NodeId>] {
+        self.output()
+            .and_then(|o| self.dag[o].args.first())
+            .and_then(|a| a.as_list())
+            .unwrap_or(&[])
+    }
+
+    /// Position of each node in the program order.
+    pub fn positions(&self) -> crate::SideTable<usize> {
+        let mut pos = crate::SideTable::new(self, usize::MAX);
+        for (i, &id) in self.order.iter().enumerate() {
+            pos[id] = i;
+        }
+        pos
+    }
+
+    /// The parameter a placeholder carries, if any.
+    pub fn param_of(&self, id: NodeId) -> Option<&Param> {
+        self.params.iter().find(|p| p.node == id)
+    }
+}
+
+/// Stable de-duplication of a short sequence of references.
+fn distinct(refs: impl Iterator<Item = NodeId>) -> Vec<NodeId> {
+    let mut out: Vec<NodeId> = Vec::new();
+    for r in refs {
+        if !out.contains(&r) {
+            out.push(r);
+        }
+    }
+    out
+}

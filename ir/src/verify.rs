@@ -1,0 +1,208 @@
+//! The structural verifier: collects every problem with its place instead of stopping at the
+//! first (Cranelift's verifier is the model). Importers run it; the pass manager runs it
+//! between passes.
+
+use crate::{Diagnostics, Graph, Location, NodeId, Op, Problem, Program, Val};
+use std::collections::HashMap;
+
+/// Verifies every graph of a program and that graphs agree on shared parameters.
+pub fn program(p: &Program) -> Result<(), Diagnostics> {
+    let mut d = Diagnostics::default();
+    for g in &p.graphs {
+        check_graph(g, &mut d);
+    }
+    for (name, places) in p.params_by_name() {
+        let Some(&(g0, p0)) = places.first() else {
+            continue;
+        };
+        let first = &p.graphs[g0].params[p0];
+        for &(gi, pi) in &places[1..] {
+            let other = &p.graphs[gi].params[pi];
+            if other.shape != first.shape || other.dtype != first.dtype {
+                d.push(
+                    Location::graph_field(p.graphs[gi].label(), format!("params[{pi}]")),
+                    Problem::ParamMismatch {
+                        name: name.to_owned(),
+                        found: describe(&other.shape, other.dtype),
+                        expected: describe(&first.shape, first.dtype),
+                        graph: p.graphs[g0].label().to_owned(),
+                    },
+                );
+            }
+        }
+    }
+    d.into_result()
+}
+
+/// Verifies one graph.
+pub fn graph(g: &Graph) -> Result<(), Diagnostics> {
+    let mut d = Diagnostics::default();
+    check_graph(g, &mut d);
+    d.into_result()
+}
+
+fn check_graph(g: &Graph, d: &mut Diagnostics) {
+    let label = g.label();
+    let pos = g.positions();
+    let mut outputs = 0usize;
+    let mut forward_refs = false;
+    for (here, (id, n)) in g.nodes().enumerate() {
+        if n.op == Op::Output {
+            outputs += 1;
+            if outputs > 1 {
+                d.push(
+                    Location::node(label, &n.name),
+                    Problem::ManyOutputs { count: outputs },
+                );
+            }
+        }
+        let fields = n
+            .args
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (format!("args[{i}]"), a))
+            .chain(n.kwargs.iter().map(|(k, a)| (format!("kwargs.{k}"), a)));
+        for (field, a) in fields {
+            let mut refs: Vec<NodeId> = Vec::new();
+            a.for_each_ref(&mut |r| refs.push(*r));
+            for r in refs {
+                let target = g.node(r);
+                if target.op == Op::Output {
+                    d.push(
+                        Location::field(label, &n.name, &field),
+                        Problem::RefToOutput {
+                            target: target.name.clone(),
+                        },
+                    );
+                }
+                if pos[r] >= here {
+                    forward_refs = true;
+                    d.push(
+                        Location::field(label, &n.name, &field),
+                        Problem::LaterRef {
+                            target: target.name.clone(),
+                        },
+                    );
+                }
+            }
+        }
+        if n.meta.val.as_ref().is_some_and(|v| v.nbytes().is_none()) {
+            d.push(
+                Location::field(label, &n.name, "meta.val"),
+                Problem::SizeOverflow,
+            );
+        }
+        for (field, idx) in [
+            ("meta.aliases", &n.meta.aliases),
+            ("meta.mutates", &n.meta.mutates),
+        ] {
+            for &i in idx.iter().flatten() {
+                if i as usize >= n.args.len() {
+                    d.push(
+                        Location::field(label, &n.name, field),
+                        Problem::MetaIndexOutOfRange {
+                            index: i64::from(i),
+                            len: n.args.len(),
+                        },
+                    );
+                }
+            }
+        }
+        debug_assert_eq!(pos[id], here);
+    }
+    if outputs == 0 {
+        d.push(Location::graph(label), Problem::NoOutput);
+    }
+    if forward_refs {
+        for scc in petgraph::algo::tarjan_scc(g.dag()) {
+            let cyclic = scc.len() > 1 || scc.first().is_some_and(|&n| g.dag().contains_edge(n, n));
+            if cyclic {
+                let mut members = scc;
+                members.sort_unstable_by_key(|&n| pos[n]);
+                for m in members {
+                    d.push(Location::node(label, &g.node(m).name), Problem::Cycle);
+                }
+            }
+        }
+    }
+    check_params(g, d);
+    let returned = g.output_values().len();
+    for (i, gr) in g.grads.iter().enumerate() {
+        if gr.output_index as usize >= returned {
+            d.push(
+                Location::graph_field(label, format!("grads[{i}].output_index")),
+                Problem::GradOutOfRange {
+                    index: i64::from(gr.output_index),
+                    len: returned,
+                },
+            );
+        }
+    }
+}
+
+fn check_params(g: &Graph, d: &mut Diagnostics) {
+    let label = g.label();
+    let mut by_name: HashMap<&str, usize> = HashMap::new();
+    let mut by_node: HashMap<NodeId, &str> = HashMap::new();
+    for (i, p) in g.params.iter().enumerate() {
+        let at = || Location::graph_field(label, format!("params[{i}]"));
+        if by_name.insert(&p.name, i).is_some() {
+            d.push(
+                at(),
+                Problem::DuplicateParam {
+                    name: p.name.clone(),
+                },
+            );
+        }
+        if p.nbytes().is_none() {
+            d.push(at(), Problem::SizeOverflow);
+        }
+        let Some(node) = g.get(p.node) else {
+            d.push(
+                at(),
+                Problem::DanglingRef {
+                    index: p.node.index(),
+                },
+            );
+            continue;
+        };
+        if node.op != Op::Placeholder {
+            d.push(
+                at(),
+                Problem::ParamNotPlaceholder {
+                    node: node.name.clone(),
+                },
+            );
+        }
+        if let Some(other) = by_node.insert(p.node, &p.name) {
+            d.push(
+                at(),
+                Problem::ParamTwice {
+                    other: other.to_owned(),
+                },
+            );
+        }
+        if let Some(Val::Tensor(t)) = &node.meta.val {
+            let same = t.dtype == p.dtype
+                && t.shape.len() == p.shape.len()
+                && t.shape
+                    .iter()
+                    .zip(&p.shape)
+                    .all(|(a, b)| a.hint() == b.hint());
+            if !same {
+                d.push(
+                    at(),
+                    Problem::ParamValMismatch {
+                        declared: describe(&p.shape, p.dtype),
+                        val: describe(&t.shape, t.dtype),
+                    },
+                );
+            }
+        }
+    }
+}
+
+fn describe(shape: &[crate::Dim], dtype: crate::Dtype) -> String {
+    let dims: Vec<String> = shape.iter().map(|d| d.hint().to_string()).collect();
+    format!("[{}] {dtype}", dims.join(", "))
+}
