@@ -8,9 +8,15 @@ use zerosched_ir::{ImportError, Program};
 #[derive(Debug, thiserror::Error)]
 pub enum IoError {
     #[error("{path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: {source}")]
     Import { path: PathBuf, source: ImportError },
 }
@@ -38,7 +44,10 @@ impl Encoding {
 
 /// Reads a file's bytes, decompressing gzip (recognised by its magic bytes, not its name).
 pub fn read_bytes(path: &Path) -> Result<Vec<u8>, IoError> {
-    let err = |source| IoError::Read { path: path.to_owned(), source };
+    let err = |source| IoError::Read {
+        path: path.to_owned(),
+        source,
+    };
     let raw = std::fs::read(path).map_err(err)?;
     gunzip_if_needed(raw).map_err(err)
 }
@@ -56,7 +65,10 @@ pub fn gunzip_if_needed(raw: Vec<u8>) -> std::io::Result<Vec<u8>> {
 /// Reads and imports a document in any encoding.
 pub fn read_program(path: &Path) -> Result<Program, IoError> {
     let bytes = read_bytes(path)?;
-    zerosched_ir::import(&bytes).map_err(|source| IoError::Import { path: path.to_owned(), source })
+    zerosched_ir::import(&bytes).map_err(|source| IoError::Import {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Encodes a program.
@@ -70,7 +82,9 @@ pub fn encode(program: &Program, encoding: Encoding) -> Vec<u8> {
 
 /// gzip with no timestamp or name in the header, so equal input gives equal bytes.
 fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut enc = flate2::GzBuilder::new().mtime(0).write(Vec::new(), flate2::Compression::default());
+    let mut enc = flate2::GzBuilder::new()
+        .mtime(0)
+        .write(Vec::new(), flate2::Compression::default());
     // Writing into a Vec cannot fail.
     let _ = enc.write_all(bytes);
     enc.finish().unwrap_or_default()
@@ -78,7 +92,10 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 
 /// Writes `bytes` to `path` atomically: a reader sees the old file or the whole new one.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
-    let err = |source| IoError::Write { path: path.to_owned(), source };
+    let err = |source| IoError::Write {
+        path: path.to_owned(),
+        source,
+    };
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

@@ -26,7 +26,13 @@ impl GraphSummary {
             if grad_slots.contains(&(i as u32)) || is_param(g, id) {
                 continue;
             }
-            let bytes = g.node(id).meta.val.as_ref().and_then(|v| v.nbytes()).unwrap_or(0);
+            let bytes = g
+                .node(id)
+                .meta
+                .val
+                .as_ref()
+                .and_then(|v| v.nbytes())
+                .unwrap_or(0);
             activation_bytes = activation_bytes.saturating_add(bytes);
         }
         GraphSummary {
@@ -34,7 +40,11 @@ impl GraphSummary {
             kind: g.kind.name(),
             nodes: g.len(),
             params: g.params.len(),
-            param_bytes: g.params.iter().filter_map(|p| p.nbytes()).fold(0, u64::saturating_add),
+            param_bytes: g
+                .params
+                .iter()
+                .filter_map(|p| p.nbytes())
+                .fold(0, u64::saturating_add),
             activation_bytes,
         }
     }
@@ -54,9 +64,18 @@ pub fn table(p: &Program) -> String {
         .filter_map(|&(g, i)| p.graphs[g].params[i].nbytes())
         .fold(0, u64::saturating_add);
     let total_label = format!("total ({} graphs)", rows.len());
-    let width = rows.iter().map(|r| r.name.len()).chain([5, total_label.len()]).max().unwrap_or(5);
+    let width = rows
+        .iter()
+        .map(|r| r.name.len())
+        .chain([5, total_label.len()])
+        .max()
+        .unwrap_or(5);
     let mut s = String::new();
-    let _ = writeln!(s, "{:<width$}  {:<9} {:>8} {:>7} {:>12} {:>12}", "graph", "kind", "nodes", "params", "param bytes", "activations");
+    let _ = writeln!(
+        s,
+        "{:<width$}  {:<9} {:>8} {:>7} {:>12} {:>12}",
+        "graph", "kind", "nodes", "params", "param bytes", "activations"
+    );
     for r in &rows {
         let _ = writeln!(
             s,
@@ -71,7 +90,10 @@ pub fn table(p: &Program) -> String {
     }
     if rows.len() > 1 {
         let nodes: usize = rows.iter().map(|r| r.nodes).sum();
-        let act = rows.iter().map(|r| r.activation_bytes).fold(0, u64::saturating_add);
+        let act = rows
+            .iter()
+            .map(|r| r.activation_bytes)
+            .fold(0, u64::saturating_add);
         let _ = writeln!(
             s,
             "{:<width$}  {:<9} {:>8} {:>7} {:>12} {:>12}",
@@ -95,5 +117,9 @@ pub fn bytes(n: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{n} B") } else { format!("{v:.2} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
 }

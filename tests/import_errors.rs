@@ -7,13 +7,19 @@ mod common;
 #[test]
 fn each_malformed_document_is_rejected_with_its_message() {
     let cases = common::files("tests/import_errors", &[".json"]);
-    assert!(cases.len() >= 30, "the malformed-document cases are present");
+    assert!(
+        cases.len() >= 30,
+        "the malformed-document cases are present"
+    );
     let mut failures = Vec::new();
     for case in &cases {
         let rel = common::relative(case);
         let out = common::zerosched(&["check", &rel]);
         if out.status.code() != Some(1) {
-            failures.push(format!("{rel}: exit code {:?}, expected 1", out.status.code()));
+            failures.push(format!(
+                "{rel}: exit code {:?}, expected 1",
+                out.status.code()
+            ));
             continue;
         }
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();

@@ -208,6 +208,26 @@ impl Graph {
         Ok(node)
     }
 
+    /// Removes several nodes that nothing outside the set uses, in one pass over the order.
+    pub fn remove_all(&mut self, ids: &[NodeId]) -> Result<(), Problem> {
+        for &id in ids {
+            let used_outside = self
+                .dag
+                .neighbors_directed(id, Direction::Outgoing)
+                .any(|u| !ids.contains(&u));
+            if used_outside {
+                return Err(Problem::StillUsed);
+            }
+        }
+        for &id in ids {
+            if let Some(node) = self.dag.remove_node(id) {
+                self.names.remove(&node.name);
+            }
+        }
+        self.order.retain(|&n| self.dag.contains_node(n));
+        Ok(())
+    }
+
     pub fn node(&self, id: NodeId) -> &Node {
         &self.dag[id]
     }

@@ -17,7 +17,13 @@ pub fn run(args: Args) -> Result<(), Failure> {
 /// The named file, or the program embedded in the binary.
 pub fn input(file: Option<&std::path::Path>) -> Result<(String, zerosched_ir::Program), Failure> {
     match file {
-        Some(path) => Ok((path.display().to_string(), zerosched::io::read_program(path)?)),
-        None => Ok(("<embedded default>".to_owned(), zerosched::default_program::load()?)),
+        Some(path) => Ok((
+            path.display().to_string(),
+            zerosched::io::read_program(path)?,
+        )),
+        None => Ok((
+            "<embedded default>".to_owned(),
+            zerosched::default_program::load()?,
+        )),
     }
 }

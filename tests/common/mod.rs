@@ -22,7 +22,9 @@ pub fn files(dir: &str, exts: &[&str]) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![root().join(dir)];
     while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in entries.flatten() {
             let p = e.path();
             if p.is_dir() {
@@ -44,9 +46,17 @@ pub fn check_expected(expected: &Path, actual: &str) -> Option<String> {
         return None;
     }
     let want = std::fs::read_to_string(expected).unwrap_or_default();
-    (want != actual).then(|| format!("{}:\n--- expected\n{want}\n--- actual\n{actual}", expected.display()))
+    (want != actual).then(|| {
+        format!(
+            "{}:\n--- expected\n{want}\n--- actual\n{actual}",
+            expected.display()
+        )
+    })
 }
 
 pub fn relative(p: &Path) -> String {
-    p.strip_prefix(root()).unwrap_or(p).to_string_lossy().into_owned()
+    p.strip_prefix(root())
+        .unwrap_or(p)
+        .to_string_lossy()
+        .into_owned()
 }
