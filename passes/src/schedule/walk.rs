@@ -16,7 +16,7 @@ use super::{ScheduleError, ScheduleOptions, ScheduleReport};
 use crate::alias::Aliases;
 use crate::cost::Collective;
 use crate::ops::{self, CommOp};
-use zerosched_ir::{Arg, Graph, NodeId, Problem, SideTable};
+use zerosched_ir::{Arg, Graph, NodeId, Op, Problem, SideTable};
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Policy {
@@ -131,7 +131,13 @@ impl Plan {
             releases: 0,
             reductions: 0,
         };
-        for (id, n) in g.nodes() {
+        // Graph inputs are available from the start: placeholders lead the spine, so every
+        // shard can be gathered as early as the budget allows.
+        let inputs_first = g
+            .nodes()
+            .filter(|(_, n)| n.op == Op::Placeholder)
+            .chain(g.nodes().filter(|(_, n)| n.op != Op::Placeholder));
+        for (id, n) in inputs_first {
             let class = aliases.class(id);
             let gathered = class.filter(|&c| CommOp::of(g.node(c)) == Some(CommOp::AllGather));
             p.gather_of[id] = gathered;
@@ -288,12 +294,13 @@ impl<'a> Walk<'a> {
                 continue;
             }
             let forced = self.plan.need_at[gather] <= i;
+            let ready = self.g.inputs(gather).iter().all(|&s| self.emitted[s]);
             if !forced {
                 let fits = self.live.saturating_add(self.plan.bytes[gather]) <= self.opts.budget;
                 // If the stream stays busy past this node, issuing after it loses nothing and
                 // holds the memory for less time.
                 let stream_frees = self.t_comm < self.t_compute + cost;
-                if !(self.policy.prefetch && fits && stream_frees) {
+                if !(self.policy.prefetch && fits && stream_frees && ready) {
                     break;
                 }
             }
@@ -309,6 +316,12 @@ impl<'a> Walk<'a> {
     }
 
     fn issue(&mut self, gather: NodeId, at: usize) {
+        // A shard that is not a graph input is placed first (a dependency, out of turn).
+        for s in self.g.inputs(gather) {
+            if !self.emitted[s] {
+                self.place(s);
+            }
+        }
         let bytes = self.plan.bytes[gather];
         let need = self.plan.need_at[gather];
         let expected = match self.plan.prefix.get(need) {
