@@ -107,6 +107,8 @@ struct Plan {
     /// The gather each node's storage belongs to, for releases and waits.
     gather_of: SideTable<Option<NodeId>>,
     bytes: SideTable<u64>,
+    /// Reuses of buffers an earlier graph kept: resident from the start, no communication.
+    resident: SideTable<bool>,
     /// Distinct inputs of each eager node.
     deps: SideTable<usize>,
     gathers: usize,
@@ -126,6 +128,7 @@ impl Plan {
             need_at: SideTable::new(g, usize::MAX),
             gather_of: SideTable::new(g, None),
             bytes: SideTable::new(g, 0),
+            resident: SideTable::new(g, false),
             deps: SideTable::new(g, 0),
             gathers: 0,
             releases: 0,
@@ -139,19 +142,25 @@ impl Plan {
             .chain(g.nodes().filter(|(_, n)| n.op != Op::Placeholder));
         for (id, n) in inputs_first {
             let class = aliases.class(id);
-            let gathered = class.filter(|&c| CommOp::of(g.node(c)) == Some(CommOp::AllGather));
+            let gathered = class.filter(|&c| {
+                matches!(
+                    CommOp::of(g.node(c)),
+                    Some(CommOp::AllGather | CommOp::Reuse)
+                )
+            });
             p.gather_of[id] = gathered;
             p.role[id] = match CommOp::of(n) {
-                Some(CommOp::AllGather) => {
+                Some(op @ (CommOp::AllGather | CommOp::Reuse)) => {
                     p.gathers += 1;
+                    p.resident[id] = op == CommOp::Reuse;
                     p.bytes[id] = ops::gathered_bytes(g, id, opts.world_size)
                         .or_else(|| n.meta.val.as_ref().and_then(|v| v.nbytes()))
                         .unwrap_or(0);
                     Role::Gather
                 }
                 Some(CommOp::Wait) => Role::Deferred,
-                Some(CommOp::Release) => {
-                    p.releases += 1;
+                Some(op @ (CommOp::Release | CommOp::Keep)) => {
+                    p.releases += usize::from(op == CommOp::Release);
                     p.gather_of[id] = n
                         .args
                         .first()
@@ -248,6 +257,12 @@ struct Walk<'a> {
 
 impl<'a> Walk<'a> {
     fn new(g: &'a Graph, plan: &'a Plan, opts: &'a ScheduleOptions, policy: Policy) -> Walk<'a> {
+        let resident: u64 = g
+            .order()
+            .iter()
+            .filter(|&&id| plan.resident[id])
+            .map(|&id| plan.bytes[id])
+            .sum();
         Walk {
             g,
             plan,
@@ -262,8 +277,8 @@ impl<'a> Walk<'a> {
             reduce_queue: Vec::new(),
             t_compute: 0.0,
             t_comm: 0.0,
-            live: 0,
-            peak: 0,
+            live: resident,
+            peak: resident,
             needed: 0,
             next: 0,
         }
@@ -321,6 +336,11 @@ impl<'a> Walk<'a> {
             if !self.emitted[s] {
                 self.place(s);
             }
+        }
+        if self.plan.resident[gather] {
+            // Already complete and already counted: placing it is all there is to do.
+            self.emit(gather);
+            return;
         }
         let bytes = self.plan.bytes[gather];
         let need = self.plan.need_at[gather];
@@ -458,8 +478,10 @@ impl<'a> Walk<'a> {
             if self.pending[u] > 0 {
                 continue;
             }
-            if CommOp::of(self.g.node(u)) == Some(CommOp::Release) {
-                if let Some(gather) = self.plan.gather_of[u] {
+            let op = CommOp::of(self.g.node(u));
+            if matches!(op, Some(CommOp::Release | CommOp::Keep)) {
+                // A kept buffer stays resident past the graph's end.
+                if let (Some(gather), Some(CommOp::Release)) = (self.plan.gather_of[u], op) {
                     self.live = self.live.saturating_sub(self.plan.bytes[gather]);
                 }
                 self.emitted[u] = true;

@@ -132,3 +132,54 @@ pub fn pos(g: &Graph, name: &str) -> usize {
 pub fn names(g: &Graph) -> Vec<String> {
     g.nodes().map(|(_, n)| n.name.clone()).collect()
 }
+
+/// Forward and backward of `layers` linear layers: the forward saves each layer's input, the
+/// backward computes `dW = x^T dy` and `dx = dy W^T` from the last layer to the first.
+pub fn train_step(layers: usize, dim: u64, ms: f64) -> zerosched_ir::Program {
+    let mut f = Builder::new("fwd", GraphKind::Forward);
+    let mut x = f.input("x", &[16, dim]);
+    let mut saved = vec![x];
+    let mut weights = Vec::new();
+    for l in 0..layers {
+        let w = f.param(&format!("layers.{l}.weight"), &[dim, dim]);
+        weights.push(w);
+        x = f.mm(&format!("mm_{l}"), x, w, &[16, dim], ms);
+        saved.push(x);
+    }
+    let fwd = f.output(&saved);
+
+    let mut b = Builder::new("bwd", GraphKind::Backward);
+    let ws: Vec<NodeId> = (0..layers)
+        .map(|l| b.param(&format!("layers.{l}.weight"), &[dim, dim]))
+        .collect();
+    let xs: Vec<NodeId> = (0..layers)
+        .map(|l| b.input(&format!("saved_{l}"), &[16, dim]))
+        .collect();
+    let mut dy = b.input("tangents_1", &[16, dim]);
+    let mut grads = vec![None; layers];
+    for l in (0..layers).rev() {
+        let xt = b.call(
+            &format!("xt_{l}"),
+            "aten.t.default",
+            vec![node(xs[l])],
+            &[dim, 16],
+        );
+        grads[l] = Some(b.mm(&format!("dw_{l}"), xt, dy, &[dim, dim], ms));
+        let wt = b.call(
+            &format!("wt_{l}"),
+            "aten.t.default",
+            vec![node(ws[l])],
+            &[dim, dim],
+        );
+        dy = b.mm(&format!("dx_{l}"), dy, wt, &[16, dim], ms);
+    }
+    let outs: Vec<NodeId> = grads.into_iter().flatten().collect();
+    let mut bwd = b.output(&outs);
+    bwd.grads = (0..layers)
+        .map(|l| zerosched_ir::Grad {
+            param: format!("layers.{l}.weight"),
+            output_index: l as u32,
+        })
+        .collect();
+    zerosched_ir::Program::bundle(vec![fwd, bwd])
+}
