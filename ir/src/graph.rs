@@ -343,11 +343,23 @@ impl Graph {
     }
 }
 
-/// Stable de-duplication of a short sequence of references.
+/// Stable de-duplication of references: a linear scan for the usual handful, a set for the
+/// output node and other nodes with hundreds of arguments.
 fn distinct(refs: impl Iterator<Item = NodeId>) -> Vec<NodeId> {
     let mut out: Vec<NodeId> = Vec::new();
+    let mut seen: Option<std::collections::HashSet<NodeId>> = None;
     for r in refs {
-        if !out.contains(&r) {
+        let fresh = match &mut seen {
+            Some(set) => set.insert(r),
+            None if out.len() < 16 => !out.contains(&r),
+            None => {
+                let mut set: std::collections::HashSet<NodeId> = out.iter().copied().collect();
+                let fresh = set.insert(r);
+                seen = Some(set);
+                fresh
+            }
+        };
+        if fresh {
             out.push(r);
         }
     }

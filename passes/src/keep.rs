@@ -7,6 +7,7 @@
 use crate::cost::Collective;
 use crate::ops::{self, CommOp};
 use crate::schedule::ScheduleOptions;
+use std::collections::{BTreeMap, BTreeSet};
 use zerosched_ir::{Graph, GraphKind, NodeId, Program};
 
 /// What the pass kept.
@@ -40,10 +41,11 @@ pub fn keep_across(p: &mut Program, opts: &ScheduleOptions) -> KeepReport {
         kb.total_cmp(&ka).then_with(|| a.param.cmp(&b.param))
     });
     let mut live: Vec<Option<MaxAdd>> = p.graphs.iter().map(|_| None).collect();
+    let positions: Vec<_> = p.graphs.iter().map(Graph::positions).collect();
     let mut report = KeepReport::default();
     for c in candidates {
         let (f, b) = (&p.graphs[c.forward], &p.graphs[c.backward]);
-        let (fpos, bpos) = (f.positions()[c.release], b.positions()[c.gather]);
+        let (fpos, bpos) = (positions[c.forward][c.release], positions[c.backward][c.gather]);
         let (f_end, b_len) = (f.len(), bpos);
         let fits = |tree: &mut Option<MaxAdd>, g: &Graph, lo: usize, hi: usize| {
             let t = tree.get_or_insert_with(|| MaxAdd::from_live(&live_bytes(g, opts)));
@@ -71,50 +73,27 @@ pub fn keep_across(p: &mut Program, opts: &ScheduleOptions) -> KeepReport {
 
 /// Pairs of (last forward release, first backward gather) of the same parameter.
 fn find(p: &Program, opts: &ScheduleOptions) -> Vec<Candidate> {
+    // Per graph, once: where each parameter is gathered and released, and compute prefixes.
+    let touched: Vec<BTreeMap<&str, Touch>> = p.graphs.iter().map(touches).collect();
+    let prefixes: Vec<Vec<f64>> = p.graphs.iter().map(|g| compute_prefix(g, opts)).collect();
     let mut out = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
-    for (bi, b) in p
-        .graphs
-        .iter()
-        .enumerate()
-        .filter(|(_, g)| g.kind == GraphKind::Backward)
-    {
-        let before_b = compute_prefix(b, opts);
-        for (pos_b, (gather, n)) in b.nodes().enumerate() {
-            let Some(param) = (CommOp::of(n) == Some(CommOp::AllGather))
-                .then(|| ops::param_name(n))
-                .flatten()
-            else {
-                continue;
-            };
-            if !seen.insert(param.to_owned()) {
+    let mut seen = BTreeSet::new();
+    for (bi, b) in p.graphs.iter().enumerate().filter(|(_, g)| g.kind == GraphKind::Backward) {
+        for (&param, t) in &touched[bi] {
+            let Some((pos_b, gather)) = t.first_gather else { continue };
+            if !seen.insert(param) {
                 continue;
             }
             // The last graph before this one that touches the parameter must be a forward that
             // releases it; anything in between would need the buffer or free it.
-            let Some((fi, f)) = p.graphs[..bi]
-                .iter()
-                .enumerate()
-                .rev()
-                .find(|(_, g)| gathers(g, param))
-            else {
-                continue;
-            };
+            let Some(fi) = (0..bi).rev().find(|&i| touched[i].contains_key(param)) else { continue };
+            let (f, Some((pos_f, release))) = (&p.graphs[fi], touched[fi][param].release) else { continue };
             if f.kind != GraphKind::Forward {
                 continue;
             }
-            let Some((pos_f, release)) = f.nodes().enumerate().find_map(|(i, (id, n))| {
-                (CommOp::of(n) == Some(CommOp::Release) && ops::param_name(n) == Some(param))
-                    .then_some((i, id))
-            }) else {
-                continue;
-            };
-            let Some(bytes) = ops::gathered_bytes(b, gather, opts.world_size) else {
-                continue;
-            };
-            let after_f = compute_prefix(f, opts);
-            let held_ms =
-                (after_f.last().copied().unwrap_or(0.0) - after_f[pos_f]) + before_b[pos_b];
+            let Some(bytes) = ops::gathered_bytes(b, gather, opts.world_size) else { continue };
+            let after_f = &prefixes[fi];
+            let held_ms = (after_f.last().copied().unwrap_or(0.0) - after_f[pos_f]) + prefixes[bi][pos_b];
             out.push(Candidate {
                 param: param.to_owned(),
                 forward: fi,
@@ -122,9 +101,7 @@ fn find(p: &Program, opts: &ScheduleOptions) -> Vec<Candidate> {
                 backward: bi,
                 gather,
                 bytes,
-                saved_ms: opts
-                    .cost
-                    .collective_ms(Collective::AllGather, bytes, opts.world_size),
+                saved_ms: opts.cost.collective_ms(Collective::AllGather, bytes, opts.world_size),
                 held_ms,
             });
         }
@@ -132,9 +109,25 @@ fn find(p: &Program, opts: &ScheduleOptions) -> Vec<Candidate> {
     out
 }
 
-fn gathers(g: &Graph, param: &str) -> bool {
-    g.nodes()
-        .any(|(_, n)| CommOp::of(n).is_some() && ops::param_name(n) == Some(param))
+/// Where a graph first gathers and last releases one parameter: `(position, node)`.
+#[derive(Default)]
+struct Touch {
+    first_gather: Option<(usize, NodeId)>,
+    release: Option<(usize, NodeId)>,
+}
+
+fn touches(g: &Graph) -> BTreeMap<&str, Touch> {
+    let mut out: BTreeMap<&str, Touch> = BTreeMap::new();
+    for (i, (id, n)) in g.nodes().enumerate() {
+        let (Some(op), Some(param)) = (CommOp::of(n), ops::param_name(n)) else { continue };
+        let t = out.entry(param).or_default();
+        match op {
+            CommOp::AllGather if t.first_gather.is_none() => t.first_gather = Some((i, id)),
+            CommOp::Release => t.release = Some((i, id)),
+            _ => {}
+        }
+    }
+    out
 }
 
 /// `prefix[i]`: compute time of the nodes before position `i`.
