@@ -236,6 +236,11 @@ impl Graph {
         self.dag.node_weight(id)
     }
 
+    /// Changes what a node calls; its arguments and edges stay.
+    pub fn set_target(&mut self, id: NodeId, target: impl Into<String>) {
+        self.dag[id].target = target.into();
+    }
+
     /// Metadata may change freely: it carries no edges.
     pub fn meta_mut(&mut self, id: NodeId) -> &mut crate::Meta {
         &mut self.dag[id].meta
