@@ -3,6 +3,8 @@
 //! wait follows its gather and every release follows every real use of its storage, and the
 //! same input gives the same bytes. Two small cases are traced by hand from the Python.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use zerosched_ir::{Arg, Dim, Dtype, Graph, GraphKind, Node, NodeId, Op, Param, TensorMeta, Val};
@@ -306,7 +308,7 @@ fn check(before: &Graph, s: &Graph, report: &ScheduleReport) {
     let (mut gathers, mut releases) = (0, 0);
     for (id, n) in s.nodes() {
         match CommOp::of(n) {
-            Some(CommOp::AllGather) => gathers += 1,
+            Some(CommOp::AllGather | CommOp::Reuse) => gathers += 1,
             Some(CommOp::Wait) => {
                 let gather = n.args[0]
                     .as_node()
@@ -319,8 +321,8 @@ fn check(before: &Graph, s: &Graph, report: &ScheduleReport) {
                     n.name
                 );
             }
-            Some(CommOp::Release) => {
-                releases += 1;
+            Some(op @ (CommOp::Release | CommOp::Keep)) => {
+                releases += usize::from(op == CommOp::Release);
                 let value = n.args[0]
                     .as_node()
                     .copied()
@@ -523,6 +525,32 @@ fn traced_fallback_choice() {
         ]
     );
     assert_eq!(report.peak_gathered, 64 + 32);
+}
+
+/// In the standard pipeline (insert, schedule, keep) by name; the graphs the keep pass leaves,
+/// with keeps in place of releases and reuses in place of gathers, schedule again.
+#[test]
+fn in_the_pipeline_and_after_keep() {
+    use zerosched_passes::pipeline::{self, PipelineOptions};
+    let mut p = common::train_step(4, 64, 1.0);
+    let opts = PipelineOptions {
+        scheduler: "deepcompile".to_owned(),
+        verify: true,
+        ..PipelineOptions::default()
+    };
+    let cx = pipeline::run(&pipeline::standard(), &mut p, &opts).expect("pipeline");
+    assert!(!cx.keep.kept.is_empty(), "with no budget something is kept");
+    for g in &p.graphs {
+        let (s, report) = run(g);
+        check(g, &s, &report);
+    }
+    let reuses = |g: &Graph| g.nodes().filter(|(_, n)| n.target == ops::REUSE).count();
+    let backward = &p.graphs[1];
+    let (_, report) = run(backward);
+    // Reused buffers count as gathered, resident from the start.
+    assert_eq!(report.gathers, 4);
+    assert_eq!(reuses(backward), cx.keep.kept.len());
+    assert!(report.peak_gathered >= cx.keep.kept.len() as u64 * 64 * 64 * 4);
 }
 
 /// Fixture files: the edge cases, plus any exported model graphs present.

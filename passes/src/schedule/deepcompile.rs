@@ -70,7 +70,7 @@ struct Ctx<'a> {
     wait_of: SideTable<Option<NodeId>>,
     /// DeepCompile's `device_time`.
     device_time: SideTable<f64>,
-    /// DeepCompile's `tensor_size`, which it reads only on gathers.
+    /// DeepCompile's `tensor_size`, which it reads only on gathers; here also on reuses.
     tensor_size: SideTable<u64>,
     /// DeepCompile's `node_to_last_use`.
     last_use: SideTable<Option<NodeId>>,
@@ -102,9 +102,11 @@ impl<'a> Ctx<'a> {
             ctx.deps[id] = g.inputs(id);
             ctx.device_time[id] = opts.cost.compute_ms(g, id);
             match CommOp::of(n) {
-                Some(CommOp::AllGather) => {
-                    ctx.gather[id] = true;
-                    // A size DeepCompile's profiler did not record counts as 0.
+                // A reuse of a buffer an earlier graph kept is no gather to schedule, but its
+                // size counts toward the peak. A size DeepCompile's profiler did not record
+                // counts as 0.
+                Some(op @ (CommOp::AllGather | CommOp::Reuse)) => {
+                    ctx.gather[id] = op == CommOp::AllGather;
                     ctx.tensor_size[id] = ops::gathered_bytes(g, id, opts.world_size).unwrap_or(0);
                 }
                 // Only a wait on nothing but its gather can ride with it and keep the order
@@ -353,13 +355,19 @@ impl<'a> Ctx<'a> {
             .then_with(|| self.free_path_key(a, b))
     }
 
-    /// Gathers, releases and reductions counted, and the peak of gathered bytes replayed in
-    /// `order`: a gather allocates, the release of its storage frees.
+    /// Gathers (and reuses), releases and reductions counted, and the peak of gathered bytes
+    /// replayed in `order`: a gather allocates, a reused buffer is resident from the start, the
+    /// release of either frees it (a keep does not).
     fn report(&self, order: &[NodeId]) -> ScheduleReport {
         let g = self.g;
         let aliases = Aliases::analyse(g);
         let mut r = ScheduleReport::default();
-        let (mut live, mut peak) = (0u64, 0u64);
+        let resident = order
+            .iter()
+            .filter(|&&id| CommOp::of(g.node(id)) == Some(CommOp::Reuse))
+            .map(|&id| self.tensor_size[id])
+            .fold(0, u64::saturating_add);
+        let (mut live, mut peak) = (resident, resident);
         for &id in order {
             let n = g.node(id);
             match CommOp::of(n) {
@@ -368,16 +376,17 @@ impl<'a> Ctx<'a> {
                     live = live.saturating_add(self.tensor_size[id]);
                     peak = peak.max(live);
                 }
+                Some(CommOp::Reuse) => r.gathers += 1,
                 Some(CommOp::Release) => {
                     r.releases += 1;
+                    // Only gathered and reused storage has a size here.
                     let freed = n
                         .args
                         .first()
                         .and_then(Arg::as_node)
-                        .and_then(|&v| aliases.class(v))
-                        .filter(|&c| self.gather[c]);
-                    if let Some(gather) = freed {
-                        live = live.saturating_sub(self.tensor_size[gather]);
+                        .and_then(|&v| aliases.class(v));
+                    if let Some(class) = freed {
+                        live = live.saturating_sub(self.tensor_size[class]);
                     }
                 }
                 Some(CommOp::ReduceGrad) => r.reductions += 1,
@@ -415,8 +424,10 @@ fn last_uses(g: &Graph) -> SideTable<Option<NodeId>> {
     for &user in g.order().iter().rev() {
         let node = g.node(user);
         let no_copy = is_no_copy(node);
-        // A release reads the uses it follows, not the value it frees (see the module notes).
-        let refs: Vec<NodeId> = if CommOp::of(node) == Some(CommOp::Release) {
+        // A release (or keep) reads the uses it follows, not the value it frees (see the
+        // module notes).
+        let refs: Vec<NodeId> = if matches!(CommOp::of(node), Some(CommOp::Release | CommOp::Keep))
+        {
             ops::release_after(node)
         } else {
             node.refs().copied().collect()
