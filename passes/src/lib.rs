@@ -9,4 +9,5 @@ pub mod cost;
 pub mod insert;
 pub mod liveness;
 pub mod ops;
+pub mod rewrite;
 pub mod schedule;
