@@ -199,8 +199,8 @@ fn violations(built: &Built, plan: &Plan, budget: u64) -> BTreeSet<u32> {
         delta[to.max(from)] -= i128::from(gu.bytes);
     }
     let mut live = 0i128;
-    for x in 0..n {
-        live += delta[x];
+    for (x, d) in delta.iter().take(n).enumerate() {
+        live += d;
         let total = i128::from(built.others_live[x]) + live;
         if total <= i128::from(budget.max(built.baseline_live[x])) {
             continue;
