@@ -11,4 +11,5 @@ pub mod keep;
 pub mod liveness;
 pub mod ops;
 pub mod pipeline;
+pub mod rewrite;
 pub mod schedule;
