@@ -10,3 +10,4 @@ pub mod insert;
 pub mod liveness;
 pub mod ops;
 pub mod schedule;
+pub mod simulate;
