@@ -339,8 +339,7 @@ fn a_gradient_lives_until_its_reduction_ends() {
         s.timeline
             .memory
             .iter()
-            .filter(|m| m.t_ms <= t)
-            .last()
+            .rfind(|m| m.t_ms <= t)
             .map(|m| m.total)
     };
     assert_eq!(at(0.0), Some(8000));

@@ -30,7 +30,7 @@ use crate::liveness::LastUses;
 use crate::ops::{self, CommOp};
 use memory::Memory;
 use serde::Serialize;
-use zerosched_ir::{Arg, Graph, NodeId, Op, Program, SideTable, Val};
+use zerosched_ir::{Arg, Graph, NodeId, Op, Param, Program, SideTable, Val};
 
 #[derive(Clone, Debug)]
 pub struct SimOptions {
@@ -210,6 +210,8 @@ struct Sim<'a> {
     g: &'a Graph,
     opts: &'a SimOptions,
     aliases: Aliases,
+    /// Each node's inserted-op kind, looked up once (it compares target strings).
+    comm: SideTable<Option<CommOp>>,
     /// Bytes each allocating node allocates (gathers: the full buffer).
     bytes: SideTable<u64>,
     /// Classes freed when each node ends, as an intrusive list: `frees[u]` heads it and
@@ -236,9 +238,25 @@ impl<'a> Sim<'a> {
         let aliases = Aliases::analyse(g);
         let last = LastUses::compute(g, &aliases, g.order());
         let returned = returned_classes(g, &aliases);
+        let mut comm = SideTable::new(g, None);
+        // `Graph::param_of` scans the parameter list; tables keep this linear.
+        let mut params = SideTable::new(g, None);
+        let mut gathered = SideTable::new(g, false);
+        for p in &g.params {
+            params[p.node] = Some(p);
+        }
+        for (id, n) in g.nodes() {
+            comm[id] = CommOp::of(n);
+            if comm[id] == Some(CommOp::AllGather) {
+                if let Some(shard) = first_arg(n) {
+                    gathered[shard] = true;
+                }
+            }
+        }
         let mut sim = Sim {
             g,
             opts,
+            comm,
             bytes: SideTable::new(g, 0),
             frees: SideTable::new(g, None),
             next_free: SideTable::new(g, None),
@@ -260,11 +278,15 @@ impl<'a> Sim<'a> {
             if sim.aliases.class(id) != Some(id) {
                 continue;
             }
-            sim.bytes[id] = storage_bytes(g, id, opts.world_size);
+            let kind = sim.comm[id];
+            sim.bytes[id] = match params[id] {
+                Some(p) => param_bytes(g, p, gathered[id], opts.world_size),
+                None => storage_bytes(g, kind, id, &params, opts.world_size),
+            };
             let held = returned[id]
                 || matches!(n.op, Op::GetAttr)
-                || g.param_of(id).is_some()
-                || CommOp::of(n) == Some(CommOp::AllGather);
+                || params[id].is_some()
+                || kind == Some(CommOp::AllGather);
             let free = match last.of(id) {
                 _ if held => Free::Never,
                 Some(u) => Free::After(u),
@@ -291,7 +313,7 @@ impl<'a> Sim<'a> {
         for (i, &id) in order.iter().enumerate() {
             let n = g.node(id);
             let t = self.t_compute;
-            match CommOp::of(n) {
+            match self.comm[id] {
                 Some(CommOp::AllGather) => {
                     self.gathers += 1;
                     if i >= bucket_end {
@@ -336,14 +358,14 @@ impl<'a> Sim<'a> {
 
     /// Whether `id` allocates storage counted as an activation (gathers count as gathered).
     fn owns_storage(&self, id: NodeId) -> bool {
-        self.aliases.class(id) == Some(id) && CommOp::of(self.g.node(id)) != Some(CommOp::AllGather)
+        self.aliases.class(id) == Some(id) && self.comm[id] != Some(CommOp::AllGather)
     }
 
     /// The gather whose buffer `value` lives in.
     fn gather_of(&self, value: NodeId) -> Option<NodeId> {
         self.aliases
             .class(value)
-            .filter(|&c| CommOp::of(self.g.node(c)) == Some(CommOp::AllGather))
+            .filter(|&c| self.comm[c] == Some(CommOp::AllGather))
     }
 
     fn compute(&mut self, id: NodeId) {
@@ -386,8 +408,7 @@ impl<'a> Sim<'a> {
             Some(b) => run
                 .iter()
                 .take_while(|&&id| {
-                    let n = g.node(id);
-                    CommOp::of(n) == Some(CommOp::AllGather) && ops::bucket(n) == Some(b)
+                    self.comm[id] == Some(CommOp::AllGather) && ops::bucket(g.node(id)) == Some(b)
                 })
                 .count(),
         };
@@ -404,8 +425,7 @@ impl<'a> Sim<'a> {
 
     fn issue_reduce(&mut self, id: NodeId) {
         let n = self.g.node(id);
-        let sharded = !matches!(n.kwargs.get("sharded"), Some(Arg::Bool(false)));
-        let kind = if sharded {
+        let kind = if sharded(n) {
             Collective::ReduceScatter
         } else {
             Collective::AllReduce
@@ -441,10 +461,7 @@ impl<'a> Sim<'a> {
     /// Frees the classes whose last use is `id`, when `id` ends: on the communication stream
     /// for a collective, else now.
     fn free_after(&mut self, id: NodeId) {
-        let on_comm = matches!(
-            CommOp::of(self.g.node(id)),
-            Some(CommOp::AllGather | CommOp::ReduceGrad)
-        );
+        let on_comm = matches!(self.comm[id], Some(CommOp::AllGather | CommOp::ReduceGrad));
         let mut next = self.frees[id];
         while let Some(c) = next {
             if on_comm {
@@ -461,42 +478,59 @@ fn first_arg(n: &zerosched_ir::Node) -> Option<NodeId> {
     n.args.first().and_then(Arg::as_node).copied()
 }
 
+/// A reduction's `sharded` keyword: a reduce-scatter unless it says `false` (all-reduce).
+fn sharded(n: &zerosched_ir::Node) -> bool {
+    !matches!(n.kwargs.get("sharded"), Some(Arg::Bool(false)))
+}
+
 fn val_bytes(g: &Graph, id: NodeId) -> Option<u64> {
     g.node(id).meta.val.as_ref().and_then(Val::nbytes)
 }
 
-/// Bytes a class's allocating node allocates: a gather's padded full buffer; a sharded
-/// parameter's shard (one that is not persistent, or that this graph gathers); a
-/// reduce-scatter's shard of the gradient; otherwise the value's size.
-fn storage_bytes(g: &Graph, id: NodeId, world: u32) -> u64 {
+fn numel(p: &Param) -> Option<u64> {
+    p.shape
+        .iter()
+        .try_fold(1u64, |acc, d| acc.checked_mul(d.hint()))
+}
+
+/// Bytes a parameter's placeholder holds: its shard when it is sharded (not persistent, or
+/// gathered here), else the full tensor.
+fn param_bytes(g: &Graph, p: &Param, gathered: bool, world: u32) -> u64 {
+    if !p.persistent || gathered {
+        let world = u64::from(world.max(1));
+        return numel(p).map_or(0, |e| e.div_ceil(world).saturating_mul(p.dtype.size()));
+    }
+    val_bytes(g, p.node).or_else(|| p.nbytes()).unwrap_or(0)
+}
+
+/// Bytes any other allocating node allocates: a gather's padded full buffer, a
+/// reduce-scatter's shard of the gradient, otherwise the value's size.
+fn storage_bytes(
+    g: &Graph,
+    kind: Option<CommOp>,
+    id: NodeId,
+    params: &SideTable<Option<&Param>>,
+    world: u32,
+) -> u64 {
     let n = g.node(id);
-    let shard = |full: u64| full.div_ceil(u64::from(world.max(1)));
-    match CommOp::of(n) {
-        Some(CommOp::AllGather) => {
-            return ops::gathered_bytes(g, id, world)
-                .or_else(|| val_bytes(g, id))
-                .unwrap_or(0);
-        }
-        Some(CommOp::ReduceGrad) if !matches!(n.kwargs.get("sharded"), Some(Arg::Bool(false))) => {
-            return val_bytes(g, id).map_or(0, shard);
-        }
-        _ => {}
+    let world = u64::from(world.max(1));
+    match kind {
+        // docs/format.md's padded size, as `ops::gathered_bytes` computes it but without its
+        // scan of the parameter list.
+        Some(CommOp::AllGather) => first_arg(n)
+            .and_then(|shard| params[shard])
+            .and_then(|p| {
+                let dtype = ops::gather_dtype(n).unwrap_or(p.dtype);
+                numel(p)?
+                    .div_ceil(world)
+                    .checked_mul(world)?
+                    .checked_mul(dtype.size())
+            })
+            .or_else(|| val_bytes(g, id))
+            .unwrap_or(0),
+        Some(CommOp::ReduceGrad) if sharded(n) => val_bytes(g, id).map_or(0, |b| b.div_ceil(world)),
+        _ => val_bytes(g, id).unwrap_or(0),
     }
-    if let Some(p) = g.param_of(id) {
-        let gathered = g
-            .users(id)
-            .iter()
-            .any(|&u| CommOp::of(g.node(u)) == Some(CommOp::AllGather));
-        let numel = p
-            .shape
-            .iter()
-            .try_fold(1u64, |acc, d| acc.checked_mul(d.hint()));
-        if !p.persistent || gathered {
-            return numel.map_or(0, |e| shard(e).saturating_mul(p.dtype.size()));
-        }
-        return val_bytes(g, id).or_else(|| p.nbytes()).unwrap_or(0);
-    }
-    val_bytes(g, id).unwrap_or(0)
 }
 
 /// Classes whose storage the output returns, directly or through views (`end_backward` and
