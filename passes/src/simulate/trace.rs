@@ -3,12 +3,13 @@
 //! One process; thread 0 is the compute stream (kernels, and stalls at waits), thread 1 the
 //! communication stream (one slice per collective); two counters follow gathered and total
 //! memory. Times are in µs. The text is written by hand, one event a line, so that its bytes
-//! depend only on the simulation (no map ordering, no float formatting beyond Rust's
-//! shortest round-trip `Display`).
+//! depend only on the simulation (no map ordering; floats in Rust's shortest round-trip
+//! `Display`, which never uses exponents).
 
 use super::{CommSpan, GraphSim, Span};
 use crate::cost::Collective;
 use crate::ops::{self, CommOp};
+use std::fmt::{Result, Write};
 use zerosched_ir::Graph;
 
 const COMPUTE: u32 = 0;
@@ -17,49 +18,69 @@ const COMM: u32 = 1;
 /// The trace of `graphs` as `sims` simulated them (pairwise, e.g. a program's graphs and
 /// `ProgramSim::graphs`; a single graph with `std::slice::from_ref`).
 pub fn chrome_trace(graphs: &[Graph], sims: &[GraphSim]) -> Vec<u8> {
-    let mut w = Writer::default();
-    w.event(r#""name":"process_name","ph":"M","pid":0,"args":{"name":"zerosched"}"#);
+    let mut out = String::new();
+    // Writing into a `String` cannot fail.
+    let _ = write_trace(&mut out, graphs, sims);
+    out.into_bytes()
+}
+
+fn write_trace(out: &mut String, graphs: &[Graph], sims: &[GraphSim]) -> Result {
+    out.push_str("{\"traceEvents\":[\n");
+    out.push_str(r#"{"name":"process_name","ph":"M","pid":0,"args":{"name":"zerosched"}}"#);
     for (tid, name) in [(COMPUTE, "compute"), (COMM, "communication")] {
-        w.event(&format!(
-            r#""name":"thread_name","ph":"M","pid":0,"tid":{tid},"args":{{"name":"{name}"}}"#
-        ));
+        write!(
+            out,
+            ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":{tid},\
+             \"args\":{{\"name\":\"{name}\"}}}}"
+        )?;
     }
     for (g, sim) in graphs.iter().zip(sims) {
         let offset = sim.timeline.offset_ms;
         for span in &sim.timeline.compute {
-            compute_event(&mut w, g, span, offset);
+            compute_event(out, g, span, offset)?;
         }
         for span in &sim.timeline.comm {
-            comm_event(&mut w, g, span, offset);
+            comm_event(out, g, span, offset)?;
         }
         for s in &sim.timeline.memory {
             for (name, bytes) in [("gathered memory", s.gathered), ("total memory", s.total)] {
-                let mut e = format!(r#""name":"{name}","ph":"C","pid":0,"ts":"#);
-                e.push_str(&us(offset + s.t_ms));
-                e.push_str(&format!(r#","args":{{"bytes":{bytes}}}"#));
-                w.event(&e);
+                write!(
+                    out,
+                    ",\n{{\"name\":\"{name}\",\"ph\":\"C\",\"pid\":0,\"ts\":"
+                )?;
+                us(out, offset + s.t_ms)?;
+                write!(out, ",\"args\":{{\"bytes\":{bytes}}}}}")?;
             }
         }
     }
-    w.finish()
+    out.push_str("\n],\"displayTimeUnit\":\"ms\"}\n");
+    Ok(())
 }
 
-fn compute_event(w: &mut Writer, g: &Graph, span: &Span, offset: f64) {
+fn compute_event(out: &mut String, g: &Graph, span: &Span, offset: f64) -> Result {
     let n = g.node(span.node);
     let cat = match CommOp::of(n) {
         Some(_) => "stall",
         None => "compute",
     };
-    let mut e = slice(&n.name, cat, COMPUTE, span.start_ms, span.end_ms, offset);
-    e.push_str(r#","args":{"graph":"#);
-    e.push_str(&json_str(g.label()));
-    e.push_str(r#","target":"#);
-    e.push_str(&json_str(&n.target));
-    e.push('}');
-    w.event(&e);
+    slice(
+        out,
+        &n.name,
+        cat,
+        COMPUTE,
+        span.start_ms,
+        span.end_ms,
+        offset,
+    )?;
+    out.push_str(r#","args":{"graph":"#);
+    json_str(out, g.label());
+    out.push_str(r#","target":"#);
+    json_str(out, &n.target);
+    out.push_str("}}");
+    Ok(())
 }
 
-fn comm_event(w: &mut Writer, g: &Graph, span: &CommSpan, offset: f64) {
+fn comm_event(out: &mut String, g: &Graph, span: &CommSpan, offset: f64) -> Result {
     let first = span.nodes.first().map(|&id| g.node(id));
     let name = match (span.nodes.len(), first.and_then(ops::bucket)) {
         (2.., Some(b)) => format!("bucket {b}"),
@@ -70,78 +91,61 @@ fn comm_event(w: &mut Writer, g: &Graph, span: &CommSpan, offset: f64) {
         Collective::ReduceScatter => "reduce_scatter",
         Collective::AllReduce => "all_reduce",
     };
-    let mut e = slice(&name, cat, COMM, span.start_ms, span.end_ms, offset);
-    e.push_str(r#","args":{"graph":"#);
-    e.push_str(&json_str(g.label()));
-    e.push_str(&format!(r#","bytes":{},"params":["#, span.bytes));
+    slice(out, &name, cat, COMM, span.start_ms, span.end_ms, offset)?;
+    out.push_str(r#","args":{"graph":"#);
+    json_str(out, g.label());
+    write!(out, r#","bytes":{},"params":["#, span.bytes)?;
     for (k, &id) in span.nodes.iter().enumerate() {
         if k > 0 {
-            e.push(',');
+            out.push(',');
         }
-        e.push_str(&json_str(ops::param_name(g.node(id)).unwrap_or("")));
+        json_str(out, ops::param_name(g.node(id)).unwrap_or(""));
     }
-    e.push_str("]}");
-    w.event(&e);
+    out.push_str("]}}");
+    Ok(())
 }
 
-/// The common fields of an "X" (complete) event, without its args.
-fn slice(name: &str, cat: &str, tid: u32, start: f64, end: f64, offset: f64) -> String {
-    format!(
-        r#""name":{},"cat":"{cat}","ph":"X","pid":0,"tid":{tid},"ts":{},"dur":{}"#,
-        json_str(name),
-        us(offset + start),
-        us(end - start),
-    )
+/// Opens an "X" (complete) event and writes its fields up to its args.
+fn slice(
+    out: &mut String,
+    name: &str,
+    cat: &str,
+    tid: u32,
+    start: f64,
+    end: f64,
+    offset: f64,
+) -> Result {
+    out.push_str(",\n{\"name\":");
+    json_str(out, name);
+    write!(out, r#","cat":"{cat}","ph":"X","pid":0,"tid":{tid},"ts":"#)?;
+    us(out, offset + start)?;
+    out.push_str(r#","dur":"#);
+    us(out, end - start)
 }
 
 /// Milliseconds as a JSON number of µs; a non-finite time (a cost model with zero bandwidth)
 /// becomes 0 rather than invalid JSON.
-fn us(ms: f64) -> String {
+fn us(out: &mut String, ms: f64) -> Result {
     let t = ms * 1e3;
     if t.is_finite() {
-        format!("{t}")
+        write!(out, "{t}")
     } else {
-        "0".to_owned()
+        out.push('0');
+        Ok(())
     }
 }
 
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
+fn json_str(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
-            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
             c => out.push(c),
         }
     }
     out.push('"');
-    out
-}
-
-#[derive(Default)]
-struct Writer {
-    out: String,
-    events: usize,
-}
-
-impl Writer {
-    /// Appends one event from its fields (the text between the braces).
-    fn event(&mut self, fields: &str) {
-        self.out
-            .push_str(if self.events == 0 { "\n" } else { ",\n" });
-        self.out.push('{');
-        self.out.push_str(fields);
-        self.out.push('}');
-        self.events += 1;
-    }
-
-    fn finish(self) -> Vec<u8> {
-        format!(
-            "{{\"traceEvents\":[{}\n],\"displayTimeUnit\":\"ms\"}}\n",
-            self.out
-        )
-        .into_bytes()
-    }
 }
