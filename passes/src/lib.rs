@@ -13,3 +13,4 @@ pub mod ops;
 pub mod pipeline;
 pub mod rewrite;
 pub mod schedule;
+pub mod simulate;

@@ -1,0 +1,559 @@
+//! The two-stream event simulation of a scheduled graph: step time, exposed communication and
+//! memory over time (design.md, "check + simulate").
+//!
+//! The host walks the program order. Every node that is not an inserted comm op runs on the
+//! compute stream for `CostModel::compute_ms`; the walk reaches a node when the compute stream
+//! has finished everything before it, and that is when comm ops are issued. The communication
+//! stream runs gathers and reductions FIFO in program order, each starting at
+//! `max(issue, stream free)`; adjacent gathers sharing a `bucket` id are one collective of their
+//! summed bytes. A wait stalls the compute stream until its gather ends, `end_backward` until
+//! all its reductions end; a release frees at its position.
+//!
+//! Memory: each storage class (`alias::Aliases`) is allocated when its allocating node starts
+//! and freed when its last real use (`liveness::LastUses`) ends; a use on the communication
+//! stream ends with its collective. Graph inputs are live from the start; parameters and
+//! attributes (owned by the module) and values the output returns stay to the end. A sharded
+//! parameter's placeholder holds its shard; a gather holds its padded full buffer from issue
+//! to release.
+//!
+//! Everything is one pass over the order, in f64 arithmetic done in a fixed order, so the same
+//! graph gives the same numbers on every machine.
+
+mod memory;
+pub mod trace;
+
+pub use memory::Sample;
+
+use crate::alias::Aliases;
+use crate::cost::{Collective, CostModel};
+use crate::liveness::LastUses;
+use crate::ops::{self, CommOp};
+use memory::Memory;
+use serde::Serialize;
+use zerosched_ir::{Arg, Graph, NodeId, Op, Param, Program, SideTable, Val};
+
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    pub world_size: u32,
+    pub cost: CostModel,
+}
+
+impl Default for SimOptions {
+    fn default() -> SimOptions {
+        SimOptions {
+            world_size: 8,
+            cost: CostModel::default(),
+        }
+    }
+}
+
+/// The figures of one graph, or of a whole program (times summed, peaks maximal).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Summary {
+    /// End of the later stream.
+    pub step_ms: f64,
+    /// Sum of compute-stream kernel times.
+    pub compute_ms: f64,
+    /// Sum of collective times.
+    pub comm_ms: f64,
+    /// `step_ms - compute_ms`: communication the compute did not hide.
+    pub exposed_comm_ms: f64,
+    /// Time the compute stream spent stalled at waits and `end_backward`.
+    pub stall_ms: f64,
+    /// `max(compute_ms, comm_ms)`; for a program, the sum over its graphs (they do not overlap).
+    pub lower_bound_ms: f64,
+    /// `step_ms / lower_bound_ms` (1 when the bound is 0).
+    pub ratio: f64,
+    pub peak_gathered_bytes: u64,
+    pub peak_total_bytes: u64,
+    /// When the total first reached its peak: graph-relative for a graph, program time for a
+    /// program.
+    pub peak_total_at_ms: f64,
+    pub gathers: usize,
+    /// Collectives coalescing two or more gathers.
+    pub buckets: usize,
+    pub reductions: usize,
+}
+
+/// A span of the compute stream: a kernel, or a stall at a wait or `end_backward`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Span {
+    pub node: NodeId,
+    pub start_ms: f64,
+    pub end_ms: f64,
+}
+
+/// One collective on the communication stream.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CommSpan {
+    pub kind: Collective,
+    /// The gathers of a bucket, or the one gather or reduction.
+    pub nodes: Vec<NodeId>,
+    pub bytes: u64,
+    pub start_ms: f64,
+    pub end_ms: f64,
+}
+
+/// Everything that happened in one graph, graph-relative; `offset_ms` places it in a program.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Timeline {
+    pub offset_ms: f64,
+    /// Compute spans of non-zero length, in order.
+    pub compute: Vec<Span>,
+    pub comm: Vec<CommSpan>,
+    pub memory: Vec<Sample>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GraphSim {
+    pub graph: String,
+    pub kind: &'static str,
+    #[serde(flatten)]
+    pub summary: Summary,
+    #[serde(skip)]
+    pub timeline: Timeline,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProgramSim {
+    pub total: Summary,
+    pub graphs: Vec<GraphSim>,
+}
+
+/// Simulates the graphs of a step in order, each starting when the previous one has drained
+/// both streams.
+pub fn simulate_program(p: &Program, opts: &SimOptions) -> ProgramSim {
+    let mut total = Summary::default();
+    let mut graphs = Vec::with_capacity(p.graphs.len());
+    for g in &p.graphs {
+        let mut sim = simulate_graph(g, opts);
+        sim.timeline.offset_ms = total.step_ms;
+        let s = &sim.summary;
+        if s.peak_total_bytes > total.peak_total_bytes {
+            total.peak_total_bytes = s.peak_total_bytes;
+            total.peak_total_at_ms = total.step_ms + s.peak_total_at_ms;
+        }
+        total.step_ms += s.step_ms;
+        total.compute_ms += s.compute_ms;
+        total.comm_ms += s.comm_ms;
+        total.exposed_comm_ms += s.exposed_comm_ms;
+        total.stall_ms += s.stall_ms;
+        total.lower_bound_ms += s.lower_bound_ms;
+        total.peak_gathered_bytes = total.peak_gathered_bytes.max(s.peak_gathered_bytes);
+        total.gathers += s.gathers;
+        total.buckets += s.buckets;
+        total.reductions += s.reductions;
+        graphs.push(sim);
+    }
+    total.ratio = ratio(total.step_ms, total.lower_bound_ms);
+    ProgramSim { total, graphs }
+}
+
+fn ratio(step: f64, bound: f64) -> f64 {
+    if bound > 0.0 { step / bound } else { 1.0 }
+}
+
+pub fn simulate_graph(g: &Graph, opts: &SimOptions) -> GraphSim {
+    let mut sim = Sim::new(g, opts);
+    sim.run();
+    let Sim {
+        t_compute,
+        t_comm,
+        compute_total,
+        comm_total,
+        stall,
+        mut mem,
+        timeline,
+        gathers,
+        buckets,
+        reductions,
+        ..
+    } = sim;
+    mem.finish();
+    let step = t_compute.max(t_comm);
+    let bound = compute_total.max(comm_total);
+    GraphSim {
+        graph: g.label().to_owned(),
+        kind: g.kind.name(),
+        summary: Summary {
+            step_ms: step,
+            compute_ms: compute_total,
+            comm_ms: comm_total,
+            exposed_comm_ms: step - compute_total,
+            stall_ms: stall,
+            lower_bound_ms: bound,
+            ratio: ratio(step, bound),
+            peak_gathered_bytes: mem.peak_gathered,
+            peak_total_bytes: mem.peak_total,
+            peak_total_at_ms: mem.peak_total_at,
+            gathers,
+            buckets,
+            reductions,
+        },
+        timeline: Timeline {
+            memory: std::mem::take(&mut mem.samples),
+            ..timeline
+        },
+    }
+}
+
+/// When a storage class is freed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Free {
+    /// Held to the end of the graph.
+    Never,
+    /// When this node ends (its last real use, or itself when nothing reads it).
+    After(NodeId),
+}
+
+struct Sim<'a> {
+    g: &'a Graph,
+    opts: &'a SimOptions,
+    aliases: Aliases,
+    /// Each node's inserted-op kind, looked up once (it compares target strings).
+    comm: SideTable<Option<CommOp>>,
+    /// Bytes each allocating node allocates (gathers: the full buffer).
+    bytes: SideTable<u64>,
+    /// Classes freed when each node ends, as an intrusive list: `frees[u]` heads it and
+    /// `next_free[c]` links on, so that building it allocates nothing per node.
+    frees: SideTable<Option<NodeId>>,
+    next_free: SideTable<Option<NodeId>>,
+    /// End of each gather's or reduction's collective.
+    comm_end: SideTable<f64>,
+    released: SideTable<bool>,
+    t_compute: f64,
+    t_comm: f64,
+    compute_total: f64,
+    comm_total: f64,
+    stall: f64,
+    mem: Memory,
+    timeline: Timeline,
+    gathers: usize,
+    buckets: usize,
+    reductions: usize,
+}
+
+impl<'a> Sim<'a> {
+    fn new(g: &'a Graph, opts: &'a SimOptions) -> Sim<'a> {
+        let aliases = Aliases::analyse(g);
+        let last = LastUses::compute(g, &aliases, g.order());
+        let returned = returned_classes(g, &aliases);
+        let mut comm = SideTable::new(g, None);
+        // `Graph::param_of` scans the parameter list; tables keep this linear.
+        let mut params = SideTable::new(g, None);
+        let mut gathered = SideTable::new(g, false);
+        for p in &g.params {
+            params[p.node] = Some(p);
+        }
+        for (id, n) in g.nodes() {
+            comm[id] = CommOp::of(n);
+            if comm[id] == Some(CommOp::AllGather) {
+                if let Some(shard) = first_arg(n) {
+                    gathered[shard] = true;
+                }
+            }
+        }
+        let mut sim = Sim {
+            g,
+            opts,
+            comm,
+            bytes: SideTable::new(g, 0),
+            frees: SideTable::new(g, None),
+            next_free: SideTable::new(g, None),
+            comm_end: SideTable::new(g, 0.0),
+            released: SideTable::new(g, false),
+            t_compute: 0.0,
+            t_comm: 0.0,
+            compute_total: 0.0,
+            comm_total: 0.0,
+            stall: 0.0,
+            mem: Memory::default(),
+            timeline: Timeline::default(),
+            gathers: 0,
+            buckets: 0,
+            reductions: 0,
+            aliases,
+        };
+        for (id, n) in g.nodes() {
+            if sim.aliases.class(id) != Some(id) {
+                continue;
+            }
+            let kind = sim.comm[id];
+            sim.bytes[id] = match params[id] {
+                Some(p) => param_bytes(g, p, gathered[id], opts.world_size),
+                None => storage_bytes(g, kind, id, &params, opts.world_size),
+            };
+            let held = returned[id]
+                || matches!(n.op, Op::GetAttr)
+                || params[id].is_some()
+                || kind == Some(CommOp::AllGather);
+            let free = match last.of(id) {
+                _ if held => Free::Never,
+                Some(u) => Free::After(u),
+                None => Free::After(id),
+            };
+            if let Free::After(u) = free {
+                sim.next_free[id] = sim.frees[u];
+                sim.frees[u] = Some(id);
+            }
+        }
+        sim
+    }
+
+    fn run(&mut self) {
+        let g = self.g;
+        // Inputs are there before the first kernel starts.
+        for (id, n) in g.nodes() {
+            if matches!(n.op, Op::Placeholder | Op::GetAttr) && self.owns_storage(id) {
+                self.mem.alloc(0.0, self.bytes[id], false);
+            }
+        }
+        let order = g.order();
+        let mut bucket_end = 0;
+        for (i, &id) in order.iter().enumerate() {
+            let n = g.node(id);
+            let t = self.t_compute;
+            match self.comm[id] {
+                Some(CommOp::AllGather) => {
+                    self.gathers += 1;
+                    if i >= bucket_end {
+                        bucket_end = i + self.issue_gathers(&order[i..]);
+                    }
+                    self.mem.alloc(t, self.bytes[id], true);
+                }
+                Some(CommOp::ReduceGrad) => {
+                    self.reductions += 1;
+                    self.issue_reduce(id);
+                    if self.owns_storage(id) {
+                        self.mem.alloc(t, self.bytes[id], false);
+                    }
+                }
+                Some(CommOp::Wait) => {
+                    let ready = first_arg(n)
+                        .and_then(|v| self.gather_of(v))
+                        .map_or(t, |gather| self.comm_end[gather]);
+                    self.stall_until(id, ready);
+                }
+                Some(CommOp::EndBackward) => {
+                    let ready = g
+                        .inputs(id)
+                        .into_iter()
+                        .map(|r| self.comm_end[r])
+                        .fold(t, f64::max);
+                    self.stall_until(id, ready);
+                }
+                Some(CommOp::Release) => {
+                    if let Some(gather) = first_arg(n).and_then(|v| self.gather_of(v)) {
+                        // A second release is the checker's to report; it frees nothing here.
+                        if !std::mem::replace(&mut self.released[gather], true) {
+                            self.mem.free(t, self.bytes[gather], true);
+                        }
+                    }
+                }
+                None => self.compute(id),
+            }
+            self.free_after(id);
+        }
+    }
+
+    /// Whether `id` allocates storage counted as an activation (gathers count as gathered).
+    fn owns_storage(&self, id: NodeId) -> bool {
+        self.aliases.class(id) == Some(id) && self.comm[id] != Some(CommOp::AllGather)
+    }
+
+    /// The gather whose buffer `value` lives in.
+    fn gather_of(&self, value: NodeId) -> Option<NodeId> {
+        self.aliases
+            .class(value)
+            .filter(|&c| self.comm[c] == Some(CommOp::AllGather))
+    }
+
+    fn compute(&mut self, id: NodeId) {
+        let start = self.t_compute;
+        let dur = self.opts.cost.compute_ms(self.g, id);
+        if self.owns_storage(id) && !matches!(self.g.node(id).op, Op::Placeholder | Op::GetAttr) {
+            self.mem.alloc(start, self.bytes[id], false);
+        }
+        self.t_compute = start + dur;
+        self.compute_total += dur;
+        self.push_span(id, start);
+    }
+
+    fn stall_until(&mut self, id: NodeId, ready: f64) {
+        let start = self.t_compute;
+        if ready > start {
+            self.stall += ready - start;
+            self.t_compute = ready;
+            self.push_span(id, start);
+        }
+    }
+
+    fn push_span(&mut self, node: NodeId, start_ms: f64) {
+        if self.t_compute > start_ms {
+            self.timeline.compute.push(Span {
+                node,
+                start_ms,
+                end_ms: self.t_compute,
+            });
+        }
+    }
+
+    /// Issues the collective of the bucket that starts `run[0]`: the adjacent gathers sharing
+    /// its `bucket` id (just itself without one). Returns how many gathers it covers.
+    fn issue_gathers(&mut self, run: &[NodeId]) -> usize {
+        let g = self.g;
+        let bucket = run.first().and_then(|&id| ops::bucket(g.node(id)));
+        let len = match bucket {
+            None => 1,
+            Some(b) => run
+                .iter()
+                .take_while(|&&id| {
+                    self.comm[id] == Some(CommOp::AllGather) && ops::bucket(g.node(id)) == Some(b)
+                })
+                .count(),
+        };
+        let nodes = run[..len].to_vec();
+        let bytes = nodes
+            .iter()
+            .fold(0u64, |acc, &id| acc.saturating_add(self.bytes[id]));
+        if nodes.len() > 1 {
+            self.buckets += 1;
+        }
+        self.issue(Collective::AllGather, nodes, bytes);
+        len
+    }
+
+    fn issue_reduce(&mut self, id: NodeId) {
+        let n = self.g.node(id);
+        let kind = if sharded(n) {
+            Collective::ReduceScatter
+        } else {
+            Collective::AllReduce
+        };
+        let bytes = first_arg(n)
+            .and_then(|v| val_bytes(self.g, v))
+            .or_else(|| val_bytes(self.g, id))
+            .unwrap_or(0);
+        self.issue(kind, vec![id], bytes);
+    }
+
+    fn issue(&mut self, kind: Collective, nodes: Vec<NodeId>, bytes: u64) {
+        let dur = self
+            .opts
+            .cost
+            .collective_ms(kind, bytes, self.opts.world_size);
+        let start_ms = self.t_compute.max(self.t_comm);
+        let end_ms = start_ms + dur;
+        for &m in &nodes {
+            self.comm_end[m] = end_ms;
+        }
+        self.t_comm = end_ms;
+        self.comm_total += dur;
+        self.timeline.comm.push(CommSpan {
+            kind,
+            nodes,
+            bytes,
+            start_ms,
+            end_ms,
+        });
+    }
+
+    /// Frees the classes whose last use is `id`, when `id` ends: on the communication stream
+    /// for a collective, else now.
+    fn free_after(&mut self, id: NodeId) {
+        let on_comm = matches!(self.comm[id], Some(CommOp::AllGather | CommOp::ReduceGrad));
+        let mut next = self.frees[id];
+        while let Some(c) = next {
+            if on_comm {
+                self.mem.free_at(self.comm_end[id], self.bytes[c]);
+            } else {
+                self.mem.free(self.t_compute, self.bytes[c], false);
+            }
+            next = self.next_free[c];
+        }
+    }
+}
+
+fn first_arg(n: &zerosched_ir::Node) -> Option<NodeId> {
+    n.args.first().and_then(Arg::as_node).copied()
+}
+
+/// A reduction's `sharded` keyword: a reduce-scatter unless it says `false` (all-reduce).
+fn sharded(n: &zerosched_ir::Node) -> bool {
+    !matches!(n.kwargs.get("sharded"), Some(Arg::Bool(false)))
+}
+
+fn val_bytes(g: &Graph, id: NodeId) -> Option<u64> {
+    g.node(id).meta.val.as_ref().and_then(Val::nbytes)
+}
+
+fn numel(p: &Param) -> Option<u64> {
+    p.shape
+        .iter()
+        .try_fold(1u64, |acc, d| acc.checked_mul(d.hint()))
+}
+
+/// Bytes a parameter's placeholder holds: its shard when it is sharded (not persistent, or
+/// gathered here), else the full tensor.
+fn param_bytes(g: &Graph, p: &Param, gathered: bool, world: u32) -> u64 {
+    if !p.persistent || gathered {
+        let world = u64::from(world.max(1));
+        return numel(p).map_or(0, |e| e.div_ceil(world).saturating_mul(p.dtype.size()));
+    }
+    val_bytes(g, p.node).or_else(|| p.nbytes()).unwrap_or(0)
+}
+
+/// Bytes any other allocating node allocates: a gather's padded full buffer, a
+/// reduce-scatter's shard of the gradient, otherwise the value's size.
+fn storage_bytes(
+    g: &Graph,
+    kind: Option<CommOp>,
+    id: NodeId,
+    params: &SideTable<Option<&Param>>,
+    world: u32,
+) -> u64 {
+    let n = g.node(id);
+    let world = u64::from(world.max(1));
+    match kind {
+        // docs/format.md's padded size, as `ops::gathered_bytes` computes it but without its
+        // scan of the parameter list.
+        Some(CommOp::AllGather) => first_arg(n)
+            .and_then(|shard| params[shard])
+            .and_then(|p| {
+                let dtype = ops::gather_dtype(n).unwrap_or(p.dtype);
+                numel(p)?
+                    .div_ceil(world)
+                    .checked_mul(world)?
+                    .checked_mul(dtype.size())
+            })
+            .or_else(|| val_bytes(g, id))
+            .unwrap_or(0),
+        Some(CommOp::ReduceGrad) if sharded(n) => val_bytes(g, id).map_or(0, |b| b.div_ceil(world)),
+        _ => val_bytes(g, id).unwrap_or(0),
+    }
+}
+
+/// Classes whose storage the output returns, directly or through views (`end_backward` and
+/// its `getitem`s view every reduction, though alias analysis files them under the first).
+fn returned_classes(g: &Graph, aliases: &Aliases) -> SideTable<bool> {
+    let mut returned = SideTable::new(g, false);
+    let mut seen = SideTable::new(g, false);
+    let Some(out) = g.output() else {
+        return returned;
+    };
+    let mut stack = g.inputs(out);
+    while let Some(v) = stack.pop() {
+        if std::mem::replace(&mut seen[v], true) {
+            continue;
+        }
+        if let Some(c) = aliases.class(v) {
+            returned[c] = true;
+        }
+        stack.extend(
+            g.inputs(v)
+                .into_iter()
+                .filter(|&u| !aliases.is_real_use(g, v, u)),
+        );
+    }
+    returned
+}
