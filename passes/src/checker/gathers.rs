@@ -31,7 +31,6 @@ pub(super) struct Gathers {
 
 pub(super) fn check(cx: &mut Ctx) -> Gathers {
     let g = cx.g;
-    let mut storage = Storage::analyse(g);
     shard_reads(cx);
 
     let mut index = SideTable::new(g, None);
@@ -50,10 +49,7 @@ pub(super) fn check(cx: &mut Ctx) -> Gathers {
             });
         }
     }
-    let mut by_class: Vec<Vec<usize>> = vec![Vec::new(); g.node_bound()];
-    for (i, x) in list.iter().enumerate() {
-        by_class[storage.class(x.node)].push(i);
-    }
+    let storage = Storage::analyse(g, &index);
 
     let mut frees = SideTable::new(g, None);
     let mut releases = 0;
@@ -68,7 +64,7 @@ pub(super) fn check(cx: &mut Ctx) -> Gathers {
             },
             Some(CommOp::Release) => {
                 releases += 1;
-                let candidates = first_ref(n).map_or(&[][..], |v| &by_class[storage.class(v)]);
+                let candidates = first_ref(n).map_or(&[][..], |v| storage.gathers(v));
                 let named = comm::param_name(n);
                 let chosen = candidates
                     .iter()
@@ -88,7 +84,7 @@ pub(super) fn check(cx: &mut Ctx) -> Gathers {
         }
     }
 
-    // Real uses of each gathered class; `seen` de-duplicates a node's references.
+    // Real uses of each gathered buffer; `seen` de-duplicates a node's references.
     let mut seen = SideTable::new(g, usize::MAX);
     for (here, (id, n)) in g.nodes().enumerate() {
         let (views, writes) = (storage::alias_sources(n), storage::written(n));
@@ -97,7 +93,7 @@ pub(super) fn check(cx: &mut Ctx) -> Gathers {
                 continue;
             }
             seen[v] = here;
-            for &i in &by_class[storage.class(v)] {
+            for &i in storage.gathers(v) {
                 let x = &mut list[i];
                 if n.op == Op::Output {
                     x.escaped = true;

@@ -1,56 +1,75 @@
-//! The checker's own storage classes, kept apart from `crate::alias` so that a bug there cannot
+//! The checker's own storage tracking, kept apart from `crate::alias` so that a bug there cannot
 //! hide itself here.
 //!
-//! Classes are a union-find over alias edges (views, `getitem`, waits, in-place writes), so
-//! the result does not depend on the program order being valid, and a node that may alias two
-//! classes joins them both: the conservative reading for a checker.
+//! For every node, the set of gathered buffers its value may live in: a gather's own, and what
+//! flows to it along alias edges (views, `getitem`, waits, in-place writes) from source to
+//! aliasing value. A node that may alias two values may live in either one's buffers, while
+//! those two stay apart. The sets are computed in a topological order of the data edges
+//! (Kahn's algorithm, iterative), so they do not depend on the program order being valid.
 
 use zerosched_ir::comm::{self, CommOp};
-use zerosched_ir::{Graph, Node, NodeId, Op};
+use zerosched_ir::{Graph, Node, NodeId, Op, SideTable};
 
 pub(super) struct Storage {
-    parent: Vec<u32>,
-    size: Vec<u32>,
+    /// Indices of the gathers whose buffer each node's value may be, sorted.
+    gathers: SideTable<Vec<usize>>,
 }
 
 impl Storage {
-    pub(super) fn analyse(g: &Graph) -> Storage {
-        let n = g.node_bound();
-        let mut s = Storage {
-            parent: (0..n as u32).collect(),
-            size: vec![1; n],
-        };
-        for (id, node) in g.nodes() {
-            for src in alias_sources(node).into_iter().chain(written(node)) {
-                s.union(id.index(), src.index());
+    /// `gather_index`: each all-gather's index; every other node `None`.
+    pub(super) fn analyse(g: &Graph, gather_index: &SideTable<Option<usize>>) -> Storage {
+        let mut gathers = SideTable::new(g, Vec::new());
+        for id in topological(g) {
+            let n = g.node(id);
+            let mut set = match gather_index[id] {
+                Some(i) => vec![i],
+                None => Vec::new(),
+            };
+            for src in alias_sources(n).into_iter().chain(written(n)) {
+                set.extend_from_slice(&gathers[src]);
+            }
+            set.sort_unstable();
+            set.dedup();
+            gathers[id] = set;
+        }
+        Storage { gathers }
+    }
+
+    /// The gathers whose buffer a node's value may be.
+    pub(super) fn gathers(&self, id: NodeId) -> &[usize] {
+        self.gathers.get(id).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// Every node, producers before consumers; nodes on a cycle (which the order check reports)
+/// come last, in program order.
+fn topological(g: &Graph) -> Vec<NodeId> {
+    let mut indegree = SideTable::new(g, 0usize);
+    for &id in g.order() {
+        for u in g.users(id) {
+            indegree[u] += 1;
+        }
+    }
+    let mut out: Vec<NodeId> = g
+        .order()
+        .iter()
+        .copied()
+        .filter(|&id| indegree[id] == 0)
+        .collect();
+    let mut next = 0;
+    while let Some(&id) = out.get(next) {
+        next += 1;
+        for u in g.users(id) {
+            indegree[u] -= 1;
+            if indegree[u] == 0 {
+                out.push(u);
             }
         }
-        s
     }
-
-    /// The representative of a node's storage class.
-    pub(super) fn class(&mut self, id: NodeId) -> usize {
-        let mut x = id.index();
-        // Path halving: iterative, so chains of any length are fine.
-        while self.parent[x] as usize != x {
-            let grand = self.parent[self.parent[x] as usize];
-            self.parent[x] = grand;
-            x = grand as usize;
-        }
-        x
-    }
-
-    fn union(&mut self, a: usize, b: usize) {
-        let (mut ra, mut rb) = (self.class(NodeId::new(a)), self.class(NodeId::new(b)));
-        if ra == rb {
-            return;
-        }
-        if self.size[ra] < self.size[rb] {
-            std::mem::swap(&mut ra, &mut rb);
-        }
-        self.parent[rb] = ra as u32;
-        self.size[ra] += self.size[rb];
-    }
+    let cyclic = g.order().iter().copied().filter(|&id| indegree[id] > 0);
+    let rest: Vec<NodeId> = cyclic.collect();
+    out.extend(rest);
+    out
 }
 
 /// The arguments whose storage a node's output shares. Gathers, releases and reductions
