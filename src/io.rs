@@ -90,6 +90,18 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
     enc.finish().unwrap_or_default()
 }
 
+/// A temporary file beside the target, readable as an ordinary output file is (tempfile's
+/// default is owner-only).
+fn temp_file(dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+    let mut b = tempfile::Builder::new();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        b.permissions(std::fs::Permissions::from_mode(0o644));
+    }
+    b.tempfile_in(dir)
+}
+
 /// Writes `bytes` to `path` atomically: a reader sees the old file or the whole new one.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
     let err = |source| IoError::Write {
@@ -100,7 +112,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(err)?;
+    let mut tmp = temp_file(dir).map_err(err)?;
     tmp.write_all(bytes).map_err(err)?;
     tmp.as_file().sync_all().map_err(err)?;
     tmp.persist(path).map_err(|e| err(e.error))?;

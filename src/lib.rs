@@ -3,4 +3,5 @@
 
 pub mod default_program;
 pub mod io;
+pub mod report;
 pub mod summary;

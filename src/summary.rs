@@ -108,18 +108,7 @@ pub fn table(p: &Program) -> String {
     s
 }
 
-/// Bytes in binary units with three significant digits: `1.50 GiB`.
+/// Bytes in binary units: `1.5 GiB`.
 pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
+    bytesize::ByteSize(n).display().iec().to_string()
 }

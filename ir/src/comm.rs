@@ -19,6 +19,12 @@ pub const REDUCE_GRAD: &str = "zerosched.reduce_grad.default";
 /// `zerosched.end_backward.default([reduce, ...])`: waits for every reduction; returns their
 /// results in order.
 pub const END_BACKWARD: &str = "zerosched.end_backward.default";
+/// `zerosched.keep.default(value, *, param)`: in a forward graph, in place of a release: the
+/// gathered buffer stays resident after the graph, for a later graph's `reuse`.
+pub const KEEP: &str = "zerosched.keep.default";
+/// `zerosched.reuse.default(shard, *, param)`: in place of a gather, the buffer an earlier
+/// graph kept; it is already complete, so it costs no communication.
+pub const REUSE: &str = "zerosched.reuse.default";
 /// `operator.getitem(value, i)`.
 pub const GETITEM: &str = "operator.getitem";
 
@@ -30,6 +36,8 @@ pub enum CommOp {
     Release,
     ReduceGrad,
     EndBackward,
+    Keep,
+    Reuse,
 }
 
 impl CommOp {
@@ -43,6 +51,8 @@ impl CommOp {
             RELEASE => CommOp::Release,
             REDUCE_GRAD => CommOp::ReduceGrad,
             END_BACKWARD => CommOp::EndBackward,
+            KEEP => CommOp::Keep,
+            REUSE => CommOp::Reuse,
             _ => return None,
         })
     }

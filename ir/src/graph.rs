@@ -236,6 +236,11 @@ impl Graph {
         self.dag.node_weight(id)
     }
 
+    /// Changes what a node calls; its arguments and edges stay.
+    pub fn set_target(&mut self, id: NodeId, target: impl Into<String>) {
+        self.dag[id].target = target.into();
+    }
+
     /// Metadata may change freely: it carries no edges.
     pub fn meta_mut(&mut self, id: NodeId) -> &mut crate::Meta {
         &mut self.dag[id].meta
@@ -338,11 +343,23 @@ impl Graph {
     }
 }
 
-/// Stable de-duplication of a short sequence of references.
+/// Stable de-duplication of references: a linear scan for the usual handful, a set for the
+/// output node and other nodes with hundreds of arguments.
 fn distinct(refs: impl Iterator<Item = NodeId>) -> Vec<NodeId> {
     let mut out: Vec<NodeId> = Vec::new();
+    let mut seen: Option<std::collections::HashSet<NodeId>> = None;
     for r in refs {
-        if !out.contains(&r) {
+        let fresh = match &mut seen {
+            Some(set) => set.insert(r),
+            None if out.len() < 16 => !out.contains(&r),
+            None => {
+                let mut set: std::collections::HashSet<NodeId> = out.iter().copied().collect();
+                let fresh = set.insert(r);
+                seen = Some(set);
+                fresh
+            }
+        };
+        if fresh {
             out.push(r);
         }
     }

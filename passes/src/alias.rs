@@ -40,7 +40,13 @@ impl Aliases {
                 .find_map(|&s| a.class[s]);
             let class = match n.op {
                 Op::Output => None,
-                _ if ops::CommOp::of(n) == Some(ops::CommOp::Release) => None,
+                _ if matches!(
+                    ops::CommOp::of(n),
+                    Some(ops::CommOp::Release | ops::CommOp::Keep)
+                ) =>
+                {
+                    None
+                }
                 _ => Some(shared.unwrap_or(id)),
             };
             a.class[id] = class;
@@ -63,7 +69,10 @@ impl Aliases {
 
     /// Whether `user` reading `value` is a real use (not merely a view of it, not a release).
     pub fn is_real_use(&self, g: &Graph, user: NodeId, value: NodeId) -> bool {
-        if ops::CommOp::of(g.node(user)) == Some(ops::CommOp::Release) {
+        if matches!(
+            ops::CommOp::of(g.node(user)),
+            Some(ops::CommOp::Release | ops::CommOp::Keep)
+        ) {
             return false;
         }
         !self.views_of[user].contains(&value) || self.writes[user].contains(&value)

@@ -147,7 +147,7 @@ fn fusable_downcast(
         Some(Val::Tensor(t)) => t.dtype,
         _ => g.param_of(placeholder)?.dtype,
     };
-    let returned = output.is_some_and(|o| g.inputs(o).contains(&user));
+    let returned = output.is_some_and(|o| g.users(user).contains(&o));
     (to.is_floating() && from.is_floating() && to.size() < from.size() && !returned)
         .then_some((user, *to))
 }

@@ -8,6 +8,8 @@ pub mod alias;
 pub mod checker;
 pub mod cost;
 pub mod insert;
+pub mod keep;
 pub mod liveness;
 pub mod ops;
+pub mod pipeline;
 pub mod schedule;

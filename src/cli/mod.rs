@@ -3,6 +3,7 @@
 
 mod check;
 mod convert;
+mod schedule;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -12,7 +13,9 @@ Examples:
   zerosched check                              check the embedded default program
   zerosched check tests/fixtures/llama.program.json
   zerosched convert llama.program.json -o llama.zsg      JSON to binary
-  zerosched convert llama.zsg -o llama.json.gz           binary to gzip JSON";
+  zerosched convert llama.zsg -o llama.json.gz           binary to gzip JSON
+  zerosched schedule                           schedule the embedded default program
+  zerosched schedule llama.program.json --budget 2GiB --world-size 8 -o scheduled.json";
 
 #[derive(Parser)]
 #[command(name = "zerosched", version, about = "ZeRO-3 communication scheduling for exported PyTorch training graphs", after_help = EXAMPLES)]
@@ -27,6 +30,8 @@ enum Command {
     Check(check::Args),
     /// Convert between JSON (`.json`, `.json.gz`) and the binary form (`.zsg`).
     Convert(convert::Args),
+    /// Insert the ZeRO-3 ops, schedule them, and print a summary.
+    Schedule(schedule::Args),
 }
 
 /// A failure the tool reports: always about the input, so exit code 1.
@@ -37,6 +42,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Check(a) => check::run(a),
         Command::Convert(a) => convert::run(a),
+        Command::Schedule(a) => schedule::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

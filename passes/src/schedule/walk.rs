@@ -16,7 +16,7 @@ use super::{ScheduleError, ScheduleOptions, ScheduleReport};
 use crate::alias::Aliases;
 use crate::cost::Collective;
 use crate::ops::{self, CommOp};
-use zerosched_ir::{Arg, Graph, NodeId, Problem, SideTable};
+use zerosched_ir::{Arg, Graph, NodeId, Op, Problem, SideTable};
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Policy {
@@ -107,6 +107,8 @@ struct Plan {
     /// The gather each node's storage belongs to, for releases and waits.
     gather_of: SideTable<Option<NodeId>>,
     bytes: SideTable<u64>,
+    /// Reuses of buffers an earlier graph kept: resident from the start, no communication.
+    resident: SideTable<bool>,
     /// Distinct inputs of each eager node.
     deps: SideTable<usize>,
     gathers: usize,
@@ -126,26 +128,39 @@ impl Plan {
             need_at: SideTable::new(g, usize::MAX),
             gather_of: SideTable::new(g, None),
             bytes: SideTable::new(g, 0),
+            resident: SideTable::new(g, false),
             deps: SideTable::new(g, 0),
             gathers: 0,
             releases: 0,
             reductions: 0,
         };
-        for (id, n) in g.nodes() {
+        // Graph inputs are available from the start: placeholders lead the spine, so every
+        // shard can be gathered as early as the budget allows.
+        let inputs_first = g
+            .nodes()
+            .filter(|(_, n)| n.op == Op::Placeholder)
+            .chain(g.nodes().filter(|(_, n)| n.op != Op::Placeholder));
+        for (id, n) in inputs_first {
             let class = aliases.class(id);
-            let gathered = class.filter(|&c| CommOp::of(g.node(c)) == Some(CommOp::AllGather));
+            let gathered = class.filter(|&c| {
+                matches!(
+                    CommOp::of(g.node(c)),
+                    Some(CommOp::AllGather | CommOp::Reuse)
+                )
+            });
             p.gather_of[id] = gathered;
             p.role[id] = match CommOp::of(n) {
-                Some(CommOp::AllGather) => {
+                Some(op @ (CommOp::AllGather | CommOp::Reuse)) => {
                     p.gathers += 1;
+                    p.resident[id] = op == CommOp::Reuse;
                     p.bytes[id] = ops::gathered_bytes(g, id, opts.world_size)
                         .or_else(|| n.meta.val.as_ref().and_then(|v| v.nbytes()))
                         .unwrap_or(0);
                     Role::Gather
                 }
                 Some(CommOp::Wait) => Role::Deferred,
-                Some(CommOp::Release) => {
-                    p.releases += 1;
+                Some(op @ (CommOp::Release | CommOp::Keep)) => {
+                    p.releases += usize::from(op == CommOp::Release);
                     p.gather_of[id] = n
                         .args
                         .first()
@@ -242,6 +257,12 @@ struct Walk<'a> {
 
 impl<'a> Walk<'a> {
     fn new(g: &'a Graph, plan: &'a Plan, opts: &'a ScheduleOptions, policy: Policy) -> Walk<'a> {
+        let resident: u64 = g
+            .order()
+            .iter()
+            .filter(|&&id| plan.resident[id])
+            .map(|&id| plan.bytes[id])
+            .sum();
         Walk {
             g,
             plan,
@@ -256,8 +277,8 @@ impl<'a> Walk<'a> {
             reduce_queue: Vec::new(),
             t_compute: 0.0,
             t_comm: 0.0,
-            live: 0,
-            peak: 0,
+            live: resident,
+            peak: resident,
             needed: 0,
             next: 0,
         }
@@ -288,12 +309,13 @@ impl<'a> Walk<'a> {
                 continue;
             }
             let forced = self.plan.need_at[gather] <= i;
+            let ready = self.g.inputs(gather).iter().all(|&s| self.emitted[s]);
             if !forced {
                 let fits = self.live.saturating_add(self.plan.bytes[gather]) <= self.opts.budget;
                 // If the stream stays busy past this node, issuing after it loses nothing and
                 // holds the memory for less time.
                 let stream_frees = self.t_comm < self.t_compute + cost;
-                if !(self.policy.prefetch && fits && stream_frees) {
+                if !(self.policy.prefetch && fits && stream_frees && ready) {
                     break;
                 }
             }
@@ -309,6 +331,17 @@ impl<'a> Walk<'a> {
     }
 
     fn issue(&mut self, gather: NodeId, at: usize) {
+        // A shard that is not a graph input is placed first (a dependency, out of turn).
+        for s in self.g.inputs(gather) {
+            if !self.emitted[s] {
+                self.place(s);
+            }
+        }
+        if self.plan.resident[gather] {
+            // Already complete and already counted: placing it is all there is to do.
+            self.emit(gather);
+            return;
+        }
         let bytes = self.plan.bytes[gather];
         let need = self.plan.need_at[gather];
         let expected = match self.plan.prefix.get(need) {
@@ -445,8 +478,10 @@ impl<'a> Walk<'a> {
             if self.pending[u] > 0 {
                 continue;
             }
-            if CommOp::of(self.g.node(u)) == Some(CommOp::Release) {
-                if let Some(gather) = self.plan.gather_of[u] {
+            let op = CommOp::of(self.g.node(u));
+            if matches!(op, Some(CommOp::Release | CommOp::Keep)) {
+                // A kept buffer stays resident past the graph's end.
+                if let (Some(gather), Some(CommOp::Release)) = (self.plan.gather_of[u], op) {
                     self.live = self.live.saturating_sub(self.plan.bytes[gather]);
                 }
                 self.emitted[u] = true;
