@@ -1,6 +1,8 @@
 //! The schedule checker against what insertion and every scheduler produce (it must accept), and
 //! against deliberately broken schedules (it must reject, naming the node).
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use zerosched_ir::comm::{self, CommOp};
@@ -377,6 +379,7 @@ fn hand_built() -> Vec<Graph> {
         inference_escape(),
         backward(),
         deep(50, false),
+        deep(50, true),
     ]
 }
 
@@ -508,16 +511,6 @@ fn accepts_a_deep_graph() {
     assert!(g.len() > 100_000);
     let c = accept(&g, u64::MAX);
     assert_eq!((c.gathers, c.releases), (25_000, 25_000));
-}
-
-/// Prefetch issues a gather ahead of its need without first placing the parameter's placeholder,
-/// so on a graph whose placeholders are not all at the top the gather reads a later node.
-#[test]
-#[ignore = "schedule::walk bug: prefetch places allgather_w1 before its placeholder w1"]
-fn accepts_prefetch_on_interleaved_placeholders() {
-    accept(&scheduled(deep(3, false), "prefetch"), u64::MAX);
-    accept(&scheduled(deep(3, true), "jit"), u64::MAX);
-    accept(&scheduled(deep(3, true), "prefetch"), u64::MAX);
 }
 
 fn fixtures() -> Vec<PathBuf> {
@@ -1025,4 +1018,88 @@ fn accepts_a_value_aliasing_an_input_declared_before_the_parameter() {
     for s in NAMES {
         accept(&scheduled(two_way_alias(true), s), u64::MAX);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keep and reuse across a training step (the `keep` pass of the standard pipeline).
+
+const W: u64 = 64 * 64 * 4;
+
+fn kept_step(budget: u64) -> Program {
+    let mut p = common::train_step(6, 64, 1.0);
+    let opts = zerosched_passes::pipeline::PipelineOptions {
+        schedule: ScheduleOptions {
+            budget,
+            world_size: WORLD,
+            ..ScheduleOptions::default()
+        },
+        verify: true,
+        ..Default::default()
+    };
+    let std = zerosched_passes::pipeline::standard();
+    let cx = zerosched_passes::pipeline::run(&std, &mut p, &opts).expect("pipeline");
+    assert!(!cx.keep.kept.is_empty(), "the pass keeps something");
+    p
+}
+
+#[test]
+fn accepts_kept_and_reused_buffers_within_the_budget() {
+    let p = kept_step(4 * W);
+    let reports = check_program(&p, &opts(4 * W)).unwrap_or_else(|v| panic!("{v}"));
+    let (f, b) = (&reports[0], &reports[1]);
+    assert!(f.keeps > 0);
+    assert_eq!(f.keeps, b.reuses);
+    assert_eq!(f.gathers, 6);
+    assert_eq!(b.gathers + b.reuses, 6);
+    assert_eq!(b.releases, 6);
+    // Kept buffers count to the forward's end and from the backward's start.
+    let peak = f.peak_gathered.max(b.peak_gathered);
+    let v = match check_program(&p, &opts(peak - 1)) {
+        Ok(r) => panic!("accepted over budget: {r:?}"),
+        Err(v) => v,
+    };
+    assert!(
+        v.0.iter()
+            .all(|l| matches!(l.violation, Violation::OverBudget { .. })),
+        "{v}"
+    );
+}
+
+#[test]
+fn rejects_a_reuse_without_a_keep_and_a_keep_never_reused() {
+    let mut p = kept_step(W);
+    let keep = find(&p.graphs[0], comm::KEEP, "layers.5.weight");
+    p.graphs[0].set_target(keep, comm::RELEASE);
+    let v = check_program(&p, &opts(u64::MAX)).expect_err("a reuse of nothing kept");
+    let reuse = name(
+        &p.graphs[1],
+        find(&p.graphs[1], comm::REUSE, "layers.5.weight"),
+    );
+    assert!(
+        v.at_node(&reuse, |x| matches!(x, Violation::ReuseWithoutKeep { .. })),
+        "{v}"
+    );
+    // A single graph has nothing to pair with: only the program check sees it.
+    check_graph(&p.graphs[1], &opts(u64::MAX)).unwrap_or_else(|v| panic!("{v}"));
+
+    let mut p = kept_step(W);
+    let reuse = find(&p.graphs[1], comm::REUSE, "layers.5.weight");
+    p.graphs[1].set_target(reuse, comm::ALLGATHER);
+    let v = check_program(&p, &opts(u64::MAX)).expect_err("a keep never reused");
+    let keep = name(
+        &p.graphs[0],
+        find(&p.graphs[0], comm::KEEP, "layers.5.weight"),
+    );
+    let gather = name(&p.graphs[1], reuse);
+    assert!(
+        v.at_node(&keep, |x| matches!(x, Violation::KeptNeverReused { .. })),
+        "{v}"
+    );
+    assert!(
+        v.at_node(&gather, |x| matches!(
+            x,
+            Violation::GatheredWhileKept { .. }
+        )),
+        "{v}"
+    );
 }

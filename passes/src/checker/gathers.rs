@@ -1,19 +1,22 @@
 //! Guarantees 2–4: shards are read only by their gathers and the output; every real use of
-//! gathered storage lies between its wait and its release; one wait and one release per gather
-//! (none for a gather whose value escapes through the output); buckets are contiguous.
+//! gathered storage lies between its wait and its release; one wait and one release (or keep)
+//! per gather, none for a gather whose value escapes through the output; buckets are
+//! contiguous. A `reuse` of a buffer an earlier graph kept stands for a gather throughout.
 
 use super::storage::{self, Storage};
 use super::{Ctx, Violation};
 use std::collections::BTreeMap;
 use zerosched_ir::comm::{self, CommOp};
-use zerosched_ir::{Node, NodeId, Op, SideTable};
+use zerosched_ir::{GraphKind, Node, NodeId, Op, SideTable};
 
 pub(super) struct Gather {
+    /// The all-gather or reuse.
     pub node: NodeId,
+    pub reuse: bool,
     /// The parameter gathered: the placeholder's, else the `param` keyword.
     pub param: String,
     pub waits: Vec<NodeId>,
-    /// In program order.
+    /// Releases and keeps, in program order.
     pub releases: Vec<NodeId>,
     /// Real uses of its storage other than the output, in program order.
     pub uses: Vec<NodeId>,
@@ -23,9 +26,10 @@ pub(super) struct Gather {
 pub(super) struct Gathers {
     /// In program order.
     pub list: Vec<Gather>,
-    /// The gather (index into `list`) each release frees.
+    /// The gather (index into `list`) each release or keep ends.
     pub frees: SideTable<Option<usize>>,
     pub releases: usize,
+    pub keeps: usize,
     pub buckets: usize,
 }
 
@@ -36,11 +40,13 @@ pub(super) fn check(cx: &mut Ctx) -> Gathers {
     let mut index = SideTable::new(g, None);
     let mut list = Vec::new();
     for (id, n) in g.nodes() {
-        if CommOp::of(n) == Some(CommOp::AllGather) {
+        let op = CommOp::of(n);
+        if matches!(op, Some(CommOp::AllGather | CommOp::Reuse)) {
             index[id] = Some(list.len());
             let param = gathered_param(cx, id, n);
             list.push(Gather {
                 node: id,
+                reuse: op == Some(CommOp::Reuse),
                 param,
                 waits: Vec::new(),
                 releases: Vec::new(),
@@ -52,9 +58,10 @@ pub(super) fn check(cx: &mut Ctx) -> Gathers {
     let storage = Storage::analyse(g, &index);
 
     let mut frees = SideTable::new(g, None);
-    let mut releases = 0;
+    let (mut releases, mut keeps) = (0, 0);
     for (id, n) in g.nodes() {
-        match CommOp::of(n) {
+        let op = CommOp::of(n);
+        match op {
             Some(CommOp::Wait) => match first_ref(n).and_then(|v| index[v]) {
                 Some(i) => {
                     param_matches(cx, id, n, &list[i].param);
@@ -62,8 +69,15 @@ pub(super) fn check(cx: &mut Ctx) -> Gathers {
                 }
                 None => cx.at_field(id, "args[0]", Violation::WaitNotOnGather),
             },
-            Some(CommOp::Release) => {
-                releases += 1;
+            Some(CommOp::Release | CommOp::Keep) => {
+                if op == Some(CommOp::Keep) {
+                    keeps += 1;
+                    if g.kind != GraphKind::Forward {
+                        cx.at(id, Violation::KeepOutsideForward);
+                    }
+                } else {
+                    releases += 1;
+                }
                 let candidates = first_ref(n).map_or(&[][..], |v| storage.gathers(v));
                 let named = comm::param_name(n);
                 let chosen = candidates
@@ -113,6 +127,7 @@ pub(super) fn check(cx: &mut Ctx) -> Gathers {
         list,
         frees,
         releases,
+        keeps,
         buckets,
     }
 }
@@ -126,8 +141,8 @@ fn shard_reads(cx: &mut Ctx) {
         }
         for u in g.users(p.node) {
             let n = g.node(u);
-            let gathers_it =
-                CommOp::of(n) == Some(CommOp::AllGather) && first_ref(n) == Some(p.node);
+            let gathers_it = matches!(CommOp::of(n), Some(CommOp::AllGather | CommOp::Reuse))
+                && first_ref(n) == Some(p.node);
             if !gathers_it && n.op != Op::Output {
                 let violation = Violation::ShardRead {
                     param: p.name.clone(),
@@ -139,7 +154,7 @@ fn shard_reads(cx: &mut Ctx) {
     }
 }
 
-/// Checks a gather's argument and keyword; returns the parameter it gathers.
+/// Checks a gather's (or reuse's) argument and keyword; returns the parameter it gathers.
 fn gathered_param(cx: &mut Ctx, id: NodeId, n: &Node) -> String {
     let Some(p) = first_ref(n)
         .and_then(|v| cx.param_at[v])

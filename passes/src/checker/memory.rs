@@ -1,4 +1,6 @@
-//! Guarantee 6: replayed in program order, gathered bytes stay within the budget.
+//! Guarantee 7: replayed in program order, gathered bytes stay within the budget. A kept
+//! buffer stays counted to the end of its graph; a reused one counts from the start of its
+//! graph to its release.
 
 use super::gathers::Gathers;
 use super::{CheckOptions, Ctx, Violation};
@@ -17,8 +19,16 @@ pub(super) fn check(cx: &mut Ctx, gathers: &Gathers, opts: &CheckOptions) -> u64
     for (i, x) in gathers.list.iter().enumerate() {
         at[x.node.index()] = i;
     }
-    let mut live_set = vec![false; gathers.list.len()];
-    let (mut live, mut peak, mut over) = (0u64, 0u64, None);
+    // A reused buffer was kept by an earlier graph: resident from this graph's start.
+    let mut live_set: Vec<bool> = gathers.list.iter().map(|x| x.reuse).collect();
+    let mut live = (0..bytes.len())
+        .filter(|&i| live_set[i])
+        .fold(0u64, |acc, i| acc.saturating_add(bytes[i]));
+    let mut peak = live;
+    let first_reuse = gathers.list.iter().find(|x| x.reuse).map(|x| x.node);
+    let mut over = first_reuse
+        .filter(|_| live > opts.budget)
+        .map(|id| (id, live));
     for (id, n) in g.nodes() {
         match CommOp::of(n) {
             Some(CommOp::AllGather) => {
@@ -31,7 +41,7 @@ pub(super) fn check(cx: &mut Ctx, gathers: &Gathers, opts: &CheckOptions) -> u64
                 }
             }
             // Only a release of a live buffer frees it: a double release (reported elsewhere)
-            // must not make the replay look cheaper than it is.
+            // must not make the replay look cheaper than it is. A keep frees nothing.
             Some(CommOp::Release) => {
                 if let Some(i) = gathers.frees[id].filter(|&i| live_set[i]) {
                     live_set[i] = false;

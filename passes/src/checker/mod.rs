@@ -1,4 +1,4 @@
-//! The schedule checker: proves a scheduled graph keeps the six guarantees of docs/format.md
+//! The schedule checker: proves a scheduled graph keeps the guarantees of docs/format.md
 //! ("Inserted ops"), independently of every pass that made it (regalloc2's `checker.rs` is the
 //! model). It shares nothing with the passes but the IR crate, so a bug in their alias analysis
 //! or liveness cannot vouch for itself here.
@@ -6,6 +6,7 @@
 //! Every check is one linear walk over the nodes and their references, without recursion on
 //! graph depth; every violation is collected with its place.
 
+mod across;
 mod gathers;
 mod grads;
 mod memory;
@@ -31,7 +32,10 @@ pub struct CheckOptions {
 pub struct CheckReport {
     pub graph: String,
     pub gathers: usize,
+    /// Reuses of buffers an earlier graph kept.
+    pub reuses: usize,
     pub releases: usize,
+    pub keeps: usize,
     /// Distinct `bucket` ids.
     pub buckets: usize,
     pub reductions: usize,
@@ -41,7 +45,8 @@ pub struct CheckReport {
     pub escaped: Vec<String>,
 }
 
-/// Checks one graph. Persistence is as the graph itself declares it.
+/// Checks one graph. Persistence is as the graph itself declares it; whether its keeps and
+/// reuses pair up across graphs is for [`check_program`].
 pub fn check_graph(g: &Graph, opts: &CheckOptions) -> Result<CheckReport, Violations> {
     let persistent = declared_persistent(std::slice::from_ref(g));
     let mut out = Vec::new();
@@ -62,6 +67,7 @@ pub fn check_program(p: &Program, opts: &CheckOptions) -> Result<Vec<CheckReport
         .iter()
         .map(|g| check_into(g, opts, &persistent, &mut out))
         .collect();
+    across::check(p, &mut out);
     if out.is_empty() {
         Ok(reports)
     } else {
@@ -91,8 +97,10 @@ fn check_into(
     let peak_gathered = memory::check(&mut cx, &gathers, opts);
     CheckReport {
         graph: g.label().to_owned(),
-        gathers: gathers.list.len(),
+        gathers: gathers.list.iter().filter(|x| !x.reuse).count(),
+        reuses: gathers.list.iter().filter(|x| x.reuse).count(),
         releases: gathers.releases,
+        keeps: gathers.keeps,
         buckets: gathers.buckets,
         reductions,
         peak_gathered,

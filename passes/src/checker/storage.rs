@@ -72,8 +72,8 @@ fn topological(g: &Graph) -> Vec<NodeId> {
     out
 }
 
-/// The arguments whose storage a node's output shares. Gathers, releases and reductions
-/// allocate (or hold nothing) whatever their metadata says.
+/// The arguments whose storage a node's output shares. Gathers, reuses, releases, keeps and
+/// reductions allocate (or hold nothing) whatever their metadata says.
 pub(super) fn alias_sources(n: &Node) -> Vec<NodeId> {
     if n.op != Op::CallFunction {
         return Vec::new();
@@ -81,7 +81,9 @@ pub(super) fn alias_sources(n: &Node) -> Vec<NodeId> {
     let kind = CommOp::of(n);
     if matches!(
         kind,
-        Some(CommOp::AllGather | CommOp::Release | CommOp::ReduceGrad)
+        Some(
+            CommOp::AllGather | CommOp::Reuse | CommOp::Release | CommOp::Keep | CommOp::ReduceGrad
+        )
     ) {
         return Vec::new();
     }
@@ -114,7 +116,10 @@ pub(super) fn written(n: &Node) -> Vec<NodeId> {
 pub(super) fn is_real_use(user: &Node, value: NodeId, views: &[NodeId], writes: &[NodeId]) -> bool {
     if user.op == Op::CallFunction
         && (user.target == comm::GETITEM
-            || matches!(CommOp::of(user), Some(CommOp::Wait | CommOp::Release)))
+            || matches!(
+                CommOp::of(user),
+                Some(CommOp::Wait | CommOp::Release | CommOp::Keep)
+            ))
     {
         return false;
     }

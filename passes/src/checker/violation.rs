@@ -1,4 +1,5 @@
-//! What the checker can find wrong, and where.
+//! What the checker can find wrong, and where. Sections follow the numbered guarantees of
+//! docs/format.md ("Inserted ops").
 
 use std::fmt;
 use zerosched_ir::Location;
@@ -47,6 +48,9 @@ pub enum Violation {
     #[error("`after` of the release of `{param}` omits its real use `{user}`")]
     ReleaseMissesUse { param: String, user: String },
 
+    #[error("keep outside a forward graph")]
+    KeepOutsideForward,
+
     // 4. buckets
     #[error(
         "bucket {bucket} member is not adjacent to member `{previous}`: `{between}` is between"
@@ -57,7 +61,19 @@ pub enum Violation {
         between: String,
     },
 
-    // 5. gradients
+    // 5. keep and reuse, across the graphs of a program
+    #[error("keeps `{param}` gathered, but no later graph reuses it")]
+    KeptNeverReused { param: String },
+    #[error("reuses `{param}`, which no earlier graph kept")]
+    ReuseWithoutKeep { param: String },
+    #[error("gathers `{param}` while it is kept (by `{keep}` in graph `{graph}`)")]
+    GatheredWhileKept {
+        param: String,
+        keep: String,
+        graph: String,
+    },
+
+    // 6. gradients
     #[error(
         "gradient slot {slot} of `{param}` is not a getitem of end_backward over its reduce_grad"
     )]
@@ -75,7 +91,7 @@ pub enum Violation {
     #[error("end_backward comes after the output")]
     EndBackwardAfterOutput,
 
-    // 6. memory
+    // 7. memory
     #[error("gathered bytes reach {live} here, over the budget of {budget}")]
     OverBudget { live: u64, budget: u64 },
 }
