@@ -8,7 +8,10 @@
 //!   memory budget allows and as late as keeps the communication stream busy, coalescing
 //!   adjacent gathers into buckets when that saves time. One pass, near-linear.
 
+mod deepcompile;
 mod walk;
+
+pub use deepcompile::DeepCompile;
 
 use crate::cost::CostModel;
 use zerosched_ir::{Graph, Problem};
@@ -116,12 +119,13 @@ impl Scheduler for Prefetch {
 }
 
 /// The scheduler names `--scheduler` accepts.
-pub const NAMES: &[&str] = &["prefetch", "jit"];
+pub const NAMES: &[&str] = &["prefetch", "jit", "deepcompile"];
 
 pub fn by_name(name: &str) -> Option<Box<dyn Scheduler>> {
     match name {
         "prefetch" => Some(Box::new(Prefetch)),
         "jit" => Some(Box::new(Jit)),
+        "deepcompile" => Some(Box::new(DeepCompile)),
         _ => None,
     }
 }
