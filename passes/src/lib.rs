@@ -5,6 +5,7 @@
 //! two-stream simulator. See docs/passes.md for the design.
 
 pub mod alias;
+pub mod checker;
 pub mod cost;
 pub mod insert;
 pub mod keep;
