@@ -28,6 +28,23 @@ pub const REUSE: &str = "zerosched.reuse.default";
 /// `operator.getitem(value, i)`.
 pub const GETITEM: &str = "operator.getitem";
 
+/// Bytes of the full buffer a gather of `numel` elements allocates: the flattened tensor padded
+/// to a multiple of the world size (docs/format.md, guarantee 7); `None` on overflow.
+pub fn gathered_bytes(numel: u64, dtype: Dtype, world_size: u32) -> Option<u64> {
+    let world = u64::from(world_size.max(1));
+    numel
+        .div_ceil(world)
+        .checked_mul(world)?
+        .checked_mul(dtype.size())
+}
+
+/// Bytes of one rank's shard of a sharded tensor of `numel` elements.
+pub fn shard_bytes(numel: u64, dtype: Dtype, world_size: u32) -> Option<u64> {
+    numel
+        .div_ceil(u64::from(world_size.max(1)))
+        .checked_mul(dtype.size())
+}
+
 /// What kind of inserted op a node is, if any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CommOp {

@@ -68,13 +68,16 @@ impl<R> Param<R> {
         }
     }
 
+    /// Elements, from the hints of symbolic sizes; `None` on overflow.
+    pub fn numel(&self) -> Option<u64> {
+        self.shape
+            .iter()
+            .try_fold(1u64, |acc, d| acc.checked_mul(d.hint()))
+    }
+
     /// Full (unsharded) byte size; `None` on overflow.
     pub fn nbytes(&self) -> Option<u64> {
-        let numel = self
-            .shape
-            .iter()
-            .try_fold(1u64, |acc, d| acc.checked_mul(d.hint()))?;
-        numel.checked_mul(self.dtype.size())
+        self.numel()?.checked_mul(self.dtype.size())
     }
 }
 

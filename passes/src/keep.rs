@@ -45,7 +45,10 @@ pub fn keep_across(p: &mut Program, opts: &ScheduleOptions) -> KeepReport {
     let mut report = KeepReport::default();
     for c in candidates {
         let (f, b) = (&p.graphs[c.forward], &p.graphs[c.backward]);
-        let (fpos, bpos) = (positions[c.forward][c.release], positions[c.backward][c.gather]);
+        let (fpos, bpos) = (
+            positions[c.forward][c.release],
+            positions[c.backward][c.gather],
+        );
         let (f_end, b_len) = (f.len(), bpos);
         let fits = |tree: &mut Option<MaxAdd>, g: &Graph, lo: usize, hi: usize| {
             let t = tree.get_or_insert_with(|| MaxAdd::from_live(&live_bytes(g, opts)));
@@ -78,22 +81,36 @@ fn find(p: &Program, opts: &ScheduleOptions) -> Vec<Candidate> {
     let prefixes: Vec<Vec<f64>> = p.graphs.iter().map(|g| compute_prefix(g, opts)).collect();
     let mut out = Vec::new();
     let mut seen = BTreeSet::new();
-    for (bi, b) in p.graphs.iter().enumerate().filter(|(_, g)| g.kind == GraphKind::Backward) {
+    for (bi, b) in p
+        .graphs
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| g.kind == GraphKind::Backward)
+    {
         for (&param, t) in &touched[bi] {
-            let Some((pos_b, gather)) = t.first_gather else { continue };
+            let Some((pos_b, gather)) = t.first_gather else {
+                continue;
+            };
             if !seen.insert(param) {
                 continue;
             }
             // The last graph before this one that touches the parameter must be a forward that
             // releases it; anything in between would need the buffer or free it.
-            let Some(fi) = (0..bi).rev().find(|&i| touched[i].contains_key(param)) else { continue };
-            let (f, Some((pos_f, release))) = (&p.graphs[fi], touched[fi][param].release) else { continue };
+            let Some(fi) = (0..bi).rev().find(|&i| touched[i].contains_key(param)) else {
+                continue;
+            };
+            let (f, Some((pos_f, release))) = (&p.graphs[fi], touched[fi][param].release) else {
+                continue;
+            };
             if f.kind != GraphKind::Forward {
                 continue;
             }
-            let Some(bytes) = ops::gathered_bytes(b, gather, opts.world_size) else { continue };
+            let Some(bytes) = ops::gathered_bytes(b, gather, opts.world_size) else {
+                continue;
+            };
             let after_f = &prefixes[fi];
-            let held_ms = (after_f.last().copied().unwrap_or(0.0) - after_f[pos_f]) + prefixes[bi][pos_b];
+            let held_ms =
+                (after_f.last().copied().unwrap_or(0.0) - after_f[pos_f]) + prefixes[bi][pos_b];
             out.push(Candidate {
                 param: param.to_owned(),
                 forward: fi,
@@ -101,7 +118,9 @@ fn find(p: &Program, opts: &ScheduleOptions) -> Vec<Candidate> {
                 backward: bi,
                 gather,
                 bytes,
-                saved_ms: opts.cost.collective_ms(Collective::AllGather, bytes, opts.world_size),
+                saved_ms: opts
+                    .cost
+                    .collective_ms(Collective::AllGather, bytes, opts.world_size),
                 held_ms,
             });
         }
@@ -119,7 +138,9 @@ struct Touch {
 fn touches(g: &Graph) -> BTreeMap<&str, Touch> {
     let mut out: BTreeMap<&str, Touch> = BTreeMap::new();
     for (i, (id, n)) in g.nodes().enumerate() {
-        let (Some(op), Some(param)) = (CommOp::of(n), ops::param_name(n)) else { continue };
+        let (Some(op), Some(param)) = (CommOp::of(n), ops::param_name(n)) else {
+            continue;
+        };
         let t = out.entry(param).or_default();
         match op {
             CommOp::AllGather if t.first_gather.is_none() => t.first_gather = Some((i, id)),

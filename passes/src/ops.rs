@@ -97,11 +97,5 @@ pub fn gathered_bytes(g: &Graph, gather: NodeId, world_size: u32) -> Option<u64>
     let n = g.node(gather);
     let shard = *n.args.first()?.as_node()?;
     let p = g.param_of(shard)?;
-    let numel = p
-        .shape
-        .iter()
-        .try_fold(1u64, |acc, d| acc.checked_mul(d.hint()))?;
-    let world = u64::from(world_size.max(1));
-    let padded = numel.div_ceil(world).checked_mul(world)?;
-    padded.checked_mul(gather_dtype(n).unwrap_or(p.dtype).size())
+    zerosched_ir::comm::gathered_bytes(p.numel()?, gather_dtype(n).unwrap_or(p.dtype), world_size)
 }

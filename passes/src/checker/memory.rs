@@ -69,19 +69,12 @@ fn padded_bytes(cx: &Ctx, gather: NodeId, world_size: u32) -> u64 {
         .and_then(|&v| cx.param_at[v])
         .map(|i| &cx.g.params[i]);
     let (numel, dtype) = match (param, &n.meta.val) {
-        (Some(p), _) => (
-            p.shape
-                .iter()
-                .try_fold(1u64, |acc, d| acc.checked_mul(d.hint())),
-            p.dtype,
-        ),
+        (Some(p), _) => (p.numel(), p.dtype),
         (None, Some(Val::Tensor(t))) => (t.numel(), t.dtype),
         (None, _) => return 0,
     };
     let dtype = comm::gather_dtype(n).unwrap_or(dtype);
-    let world = u64::from(world_size.max(1));
     numel
-        .and_then(|e| e.div_ceil(world).checked_mul(world))
-        .and_then(|e| e.checked_mul(dtype.size()))
+        .and_then(|e| comm::gathered_bytes(e, dtype, world_size))
         .unwrap_or(u64::MAX)
 }

@@ -126,16 +126,10 @@ impl Context {
     /// Bytes of a gathered buffer of this type: padded to a multiple of the world size, as
     /// docs/format.md defines it.
     pub fn padded_bytes(&self, ty: &Ty) -> u64 {
-        let numel = ty
-            .shape
-            .iter()
-            .try_fold(1u64, |a, &d| a.checked_mul(d))
-            .unwrap_or(u64::MAX);
-        let world = u64::from(self.world_size.max(1));
+        let numel = ty.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
         numel
-            .div_ceil(world)
-            .saturating_mul(world)
-            .saturating_mul(ty.dtype.size())
+            .and_then(|n| zerosched_ir::comm::gathered_bytes(n, ty.dtype, self.world_size))
+            .unwrap_or(u64::MAX)
     }
 }
 

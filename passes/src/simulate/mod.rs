@@ -30,7 +30,7 @@ use crate::liveness::LastUses;
 use crate::ops::{self, CommOp};
 use memory::Memory;
 use serde::Serialize;
-use zerosched_ir::{Arg, Graph, NodeId, Op, Param, Program, SideTable, Val};
+use zerosched_ir::{Arg, Graph, NodeId, Op, Param, Program, SideTable, Val, comm};
 
 #[derive(Clone, Debug)]
 pub struct SimOptions {
@@ -286,7 +286,7 @@ impl<'a> Sim<'a> {
             let held = returned[id]
                 || matches!(n.op, Op::GetAttr)
                 || params[id].is_some()
-                || kind == Some(CommOp::AllGather);
+                || matches!(kind, Some(CommOp::AllGather | CommOp::Reuse));
             let free = match last.of(id) {
                 _ if held => Free::Never,
                 Some(u) => Free::After(u),
@@ -306,6 +306,10 @@ impl<'a> Sim<'a> {
         for (id, n) in g.nodes() {
             if matches!(n.op, Op::Placeholder | Op::GetAttr) && self.owns_storage(id) {
                 self.mem.alloc(0.0, self.bytes[id], false);
+            }
+            // A buffer an earlier graph kept is resident from the start.
+            if self.comm[id] == Some(CommOp::Reuse) {
+                self.mem.alloc(0.0, self.bytes[id], true);
             }
         }
         let order = g.order();
@@ -342,6 +346,8 @@ impl<'a> Sim<'a> {
                         .fold(t, f64::max);
                     self.stall_until(id, ready);
                 }
+                // Already resident and complete; a keep leaves the buffer for a later graph.
+                Some(CommOp::Reuse | CommOp::Keep) => {}
                 Some(CommOp::Release) => {
                     if let Some(gather) = first_arg(n).and_then(|v| self.gather_of(v)) {
                         // A second release is the checker's to report; it frees nothing here.
@@ -358,14 +364,15 @@ impl<'a> Sim<'a> {
 
     /// Whether `id` allocates storage counted as an activation (gathers count as gathered).
     fn owns_storage(&self, id: NodeId) -> bool {
-        self.aliases.class(id) == Some(id) && self.comm[id] != Some(CommOp::AllGather)
+        self.aliases.class(id) == Some(id)
+            && !matches!(self.comm[id], Some(CommOp::AllGather | CommOp::Reuse))
     }
 
     /// The gather whose buffer `value` lives in.
     fn gather_of(&self, value: NodeId) -> Option<NodeId> {
         self.aliases
             .class(value)
-            .filter(|&c| self.comm[c] == Some(CommOp::AllGather))
+            .filter(|&c| matches!(self.comm[c], Some(CommOp::AllGather | CommOp::Reuse)))
     }
 
     fn compute(&mut self, id: NodeId) {
@@ -487,18 +494,14 @@ fn val_bytes(g: &Graph, id: NodeId) -> Option<u64> {
     g.node(id).meta.val.as_ref().and_then(Val::nbytes)
 }
 
-fn numel(p: &Param) -> Option<u64> {
-    p.shape
-        .iter()
-        .try_fold(1u64, |acc, d| acc.checked_mul(d.hint()))
-}
-
 /// Bytes a parameter's placeholder holds: its shard when it is sharded (not persistent, or
 /// gathered here), else the full tensor.
 fn param_bytes(g: &Graph, p: &Param, gathered: bool, world: u32) -> u64 {
     if !p.persistent || gathered {
-        let world = u64::from(world.max(1));
-        return numel(p).map_or(0, |e| e.div_ceil(world).saturating_mul(p.dtype.size()));
+        return p
+            .numel()
+            .and_then(|e| comm::shard_bytes(e, p.dtype, world))
+            .unwrap_or(0);
     }
     val_bytes(g, p.node).or_else(|| p.nbytes()).unwrap_or(0)
 }
@@ -513,22 +516,18 @@ fn storage_bytes(
     world: u32,
 ) -> u64 {
     let n = g.node(id);
-    let world = u64::from(world.max(1));
     match kind {
-        // docs/format.md's padded size, as `ops::gathered_bytes` computes it but without its
-        // scan of the parameter list.
-        Some(CommOp::AllGather) => first_arg(n)
+        // Looked up through `params` rather than `ops::gathered_bytes`, which scans the list.
+        Some(CommOp::AllGather | CommOp::Reuse) => first_arg(n)
             .and_then(|shard| params[shard])
             .and_then(|p| {
-                let dtype = ops::gather_dtype(n).unwrap_or(p.dtype);
-                numel(p)?
-                    .div_ceil(world)
-                    .checked_mul(world)?
-                    .checked_mul(dtype.size())
+                comm::gathered_bytes(p.numel()?, ops::gather_dtype(n).unwrap_or(p.dtype), world)
             })
             .or_else(|| val_bytes(g, id))
             .unwrap_or(0),
-        Some(CommOp::ReduceGrad) if sharded(n) => val_bytes(g, id).map_or(0, |b| b.div_ceil(world)),
+        Some(CommOp::ReduceGrad) if sharded(n) => {
+            val_bytes(g, id).map_or(0, |b| b.div_ceil(u64::from(world.max(1))))
+        }
         _ => val_bytes(g, id).unwrap_or(0),
     }
 }
