@@ -31,26 +31,33 @@ impl Aliases {
             writes: SideTable::new(g, Vec::new()),
             members: SideTable::new(g, Vec::new()),
         };
+        // Union-find over storage: a value that may alias several others (recorded
+        // multi-index `aliases`, end_backward's list) joins all of their classes.
+        let mut parent: SideTable<Option<NodeId>> = SideTable::new(g, None);
         for (id, n) in g.nodes() {
-            a.views_of[id] = view_sources(n);
+            a.views_of[id] = view_sources(g, n);
             a.writes[id] = indexed_refs(n, n.meta.mutates.as_deref().unwrap_or(&[]));
-            let shared = a.views_of[id]
-                .iter()
-                .chain(&a.writes[id])
-                .find_map(|&s| a.class[s]);
-            let class = match n.op {
-                Op::Output => None,
-                _ if matches!(
+            // end_backward only hands its reductions on: each of its items lives in the
+            // storage of the reduction it names.
+            let no_storage = n.op == Op::Output
+                || matches!(
                     ops::CommOp::of(n),
-                    Some(ops::CommOp::Release | ops::CommOp::Keep)
-                ) =>
-                {
-                    None
+                    Some(ops::CommOp::Release | ops::CommOp::Keep | ops::CommOp::EndBackward)
+                );
+            if no_storage {
+                continue;
+            }
+            parent[id] = Some(id);
+            for &s in a.views_of[id].iter().chain(&a.writes[id]) {
+                if parent[s].is_some() {
+                    union(g, &mut parent, id, s);
                 }
-                _ => Some(shared.unwrap_or(id)),
-            };
-            a.class[id] = class;
-            if let Some(c) = class {
+            }
+        }
+        for (id, _) in g.nodes() {
+            if parent[id].is_some() {
+                let c = find(&mut parent, id);
+                a.class[id] = Some(c);
                 a.members[c].push(id);
             }
         }
@@ -62,9 +69,11 @@ impl Aliases {
         self.class.get(id).copied().flatten()
     }
 
-    /// Every node whose value lives in class `class`, in program order.
-    pub fn members(&self, class: NodeId) -> &[NodeId] {
-        self.members.get(class).map_or(&[], Vec::as_slice)
+    /// Every node whose value shares storage with `id`, in program order.
+    pub fn members(&self, id: NodeId) -> &[NodeId] {
+        self.class(id)
+            .and_then(|c| self.members.get(c))
+            .map_or(&[], Vec::as_slice)
     }
 
     /// Whether `user` reading `value` is a real use (not merely a view of it, not a release).
@@ -78,10 +87,10 @@ impl Aliases {
         !self.views_of[user].contains(&value) || self.writes[user].contains(&value)
     }
 
-    /// The distinct real uses of a class's storage, sorted by node index.
-    pub fn real_uses(&self, g: &Graph, class: NodeId) -> Vec<NodeId> {
+    /// The distinct real uses of the storage `id` lives in, sorted by node index.
+    pub fn real_uses(&self, g: &Graph, id: NodeId) -> Vec<NodeId> {
         let mut uses: Vec<NodeId> = self
-            .members(class)
+            .members(id)
             .iter()
             .flat_map(|&m| {
                 g.users(m)
@@ -95,10 +104,50 @@ impl Aliases {
     }
 }
 
+fn find(parent: &mut SideTable<Option<NodeId>>, mut x: NodeId) -> NodeId {
+    while let Some(p) = parent[x].filter(|&p| p != x) {
+        // Path halving keeps later finds short.
+        let grand = parent[p].unwrap_or(p);
+        parent[x] = Some(grand);
+        x = grand;
+    }
+    x
+}
+
+/// Which of two roots names the merged class: the buffer a gather or reuse allocates, else a
+/// graph input (a parameter's placeholder), else the earlier node. Deterministic, and it keeps
+/// "the class of gathered storage is its gather" true.
+fn rank(g: &Graph, id: NodeId) -> (u8, NodeId) {
+    let n = g.node(id);
+    let tier = match ops::CommOp::of(n) {
+        Some(ops::CommOp::AllGather | ops::CommOp::Reuse) => 0,
+        _ if n.op == Op::Placeholder => 1,
+        _ => 2,
+    };
+    (tier, id)
+}
+
+fn union(g: &Graph, parent: &mut SideTable<Option<NodeId>>, a: NodeId, b: NodeId) {
+    let (ra, rb) = (find(parent, a), find(parent, b));
+    if ra != rb {
+        let (root, child) = if rank(g, ra) <= rank(g, rb) {
+            (ra, rb)
+        } else {
+            (rb, ra)
+        };
+        parent[child] = Some(root);
+    }
+}
+
 /// The arguments a node's output is a view of: `meta.aliases` when recorded, else the table.
-fn view_sources(n: &Node) -> Vec<NodeId> {
-    if n.op != Op::CallFunction {
+fn view_sources(g: &Graph, n: &Node) -> Vec<NodeId> {
+    if n.op != Op::CallFunction || n.target == ops::END_BACKWARD {
         return Vec::new();
+    }
+    if n.target == ops::GETITEM {
+        if let Some(reduced) = end_backward_item(g, n) {
+            return vec![reduced];
+        }
     }
     if let Some(idx) = &n.meta.aliases {
         return indexed_refs(n, idx);
@@ -113,13 +162,22 @@ fn view_sources(n: &Node) -> Vec<NodeId> {
     };
     match n.target.as_str() {
         ops::WAIT => first(),
-        ops::END_BACKWARD => indexed_refs(n, &[0]),
         // An element of a tuple lives in the tuple's storage: for a list-returning view
         // (split, unbind) that is the viewed tensor's; for a multi-output op, the op's own.
         ops::GETITEM => first(),
         t if zerosched_ir::aten::is_view(t) => first(),
         _ => Vec::new(),
     }
+}
+
+/// `getitem(end_backward([r0, r1, ...]), k)`: the reduction `rk`.
+fn end_backward_item(g: &Graph, n: &Node) -> Option<NodeId> {
+    let source = g.node(*n.args.first()?.as_node()?);
+    if source.target != ops::END_BACKWARD {
+        return None;
+    }
+    let k = usize::try_from(n.args.get(1)?.as_int()?).ok()?;
+    source.args.first()?.as_list()?.get(k)?.as_node().copied()
 }
 
 /// Node references inside the arguments at the given positions.

@@ -999,21 +999,23 @@ fn a_value_aliasing_two_others_keeps_them_apart() {
         let g = scheduled(two_way_alias(false), s);
         let c = accept(&g, u64::MAX);
         assert_eq!((c.gathers, c.releases), (1, 1));
-        // `r` reads only the input: the release need not wait for it, but must for `u`.
+        // The release must wait for `u`. The passes merge `z`'s two possible storages into one
+        // class, so they may also wait for `r`, which reads only the input: conservative, and
+        // the checker (which keeps them apart) accepts it.
         let release = find(&g, comm::RELEASE, "p.w");
         let after: Vec<String> = comm::release_after(g.node(release))
             .into_iter()
             .map(|a| name(&g, a))
             .collect();
-        assert_eq!(after, vec!["u".to_owned()]);
+        assert!(after.contains(&"u".to_owned()), "{after:?}");
     }
 }
 
-/// `alias::Aliases` puts a value with several alias sources in the class of the first one by node
-/// index; with the input declared first, `z` is not in the parameter's class, the parameter
-/// looks unused, nothing is gathered and `z` reads the shard.
+/// With the input declared first, `z` must still count as a use of the parameter: a class
+/// chosen by the first alias source alone left the parameter looking unused and `z` reading
+/// the shard.
 #[test]
-#[ignore = "alias bug: insert leaves `z` (aliases [0, 1]) reading the shard of `p.w`"]
+
 fn accepts_a_value_aliasing_an_input_declared_before_the_parameter() {
     for s in NAMES {
         accept(&scheduled(two_way_alias(true), s), u64::MAX);
