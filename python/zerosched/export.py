@@ -261,7 +261,8 @@ def _get_attr(gm: torch.nn.Module, target: str) -> Any:
     return obj
 
 
-def node_to_doc(gm: torch.fx.GraphModule, node: torch.fx.Node, label: str) -> dict:
+def node_to_doc(gm: torch.fx.GraphModule, node: torch.fx.Node, label: str,
+                requires_grad: dict[str, bool] | None = None) -> dict:
     _check_representable(gm, node, label)
     where = f"{label}:{node.name}"
     doc: dict[str, Any] = {
@@ -280,6 +281,10 @@ def node_to_doc(gm: torch.fx.GraphModule, node: torch.fx.Node, label: str) -> di
         else:
             val = node.meta.get("example_value")
         meta["val"] = encode_val(val)
+        # AOT graphs are traced on detached fake tensors (requires_grad False everywhere);
+        # for placeholders the exporter knows the real input's flag.
+        if requires_grad and node.name in requires_grad and isinstance(meta["val"], dict):
+            meta["val"]["requires_grad"] = requires_grad[node.name]
     if node.op == "call_function":
         if isinstance(node.target, torch._ops.OpOverload):
             aliases, mutates = schema_aliases_mutates(node.target, len(node.args))
@@ -313,10 +318,13 @@ def graph_to_doc(
     kind: str = "forward",
     params: Sequence[Param] = (),
     grads: Sequence[tuple[str, int]] = (),
+    requires_grad: dict[str, bool] | None = None,
 ) -> dict:
-    """One FX graph to an fx-graph v1 document."""
+    """One FX graph to an fx-graph v1 document.
+
+    ``requires_grad`` overrides ``meta.val.requires_grad`` of the named placeholders."""
     label = name or "<graph>"
-    nodes = [node_to_doc(gm, n, label) for n in gm.graph.nodes]
+    nodes = [node_to_doc(gm, n, label, requires_grad) for n in gm.graph.nodes]
     outputs = [n for n in nodes if n["op"] == "output"]
     if len(outputs) != 1:
         raise ExportError(f"graph {label!r}: expected exactly one output node, found {len(outputs)}")
@@ -345,9 +353,11 @@ class CapturedGraph:
     grads: list[tuple[str, int]]
     run_order: int = -1  # first execution, across all graphs
     name: str = ""
+    requires_grad: dict[str, bool] = dataclasses.field(default_factory=dict)
 
     def to_doc(self) -> dict:
-        return graph_to_doc(self.gm, name=self.name, kind=self.kind, params=self.params, grads=self.grads)
+        return graph_to_doc(self.gm, name=self.name, kind=self.kind, params=self.params, grads=self.grads,
+                            requires_grad=self.requires_grad)
 
 
 #: Ops removed from PyTorch's core-ATen decomposition table, and why.
@@ -455,7 +465,8 @@ def capture(
                     )
                 params.append(Param(fqn, n.name, list(p.shape), dtype_name(p.dtype), is_persistent(fqn, p)))
                 state["fw_param_ph"][n.name] = (i, fqn)
-            cg = CapturedGraph("forward", k, gm, params, [])
+            rg = {n.name: bool(x.requires_grad) for n, x in zip(ph, example_inputs) if isinstance(x, torch.Tensor)}
+            cg = CapturedGraph("forward", k, gm, params, [], requires_grad=rg)
             graphs.append(cg)
             state["fw"] = cg
             return runner(cg, make_boxed_func(gm.forward))
@@ -493,7 +504,8 @@ def capture(
                         f"{_val_shape(o) if isinstance(o, torch.fx.Node) else o} but parameter {fqn} has {tuple(p.shape)}"
                     )
                 grads.append((fqn, i))
-            cg = CapturedGraph("backward", k, gm, params, grads)
+            rg = {p.node: bool(param_obj[p.name].requires_grad) for p in params}
+            cg = CapturedGraph("backward", k, gm, params, grads, requires_grad=rg)
             graphs.append(cg)
             return runner(cg, make_boxed_func(gm.forward))
 

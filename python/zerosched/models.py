@@ -215,3 +215,7 @@ def bench_specs() -> list[tuple[ModelSpec, str]]:
         (ModelSpec(layers=2, **MIXTRAL8X7B), "mixtral8x7b_l2"),
         (ModelSpec(layers=24, **MIXTRAL8X7B), "mixtral8x7b_l24"),
     ]
+
+
+def fixture_specs_by_prefix() -> list[tuple[str, ModelSpec]]:
+    return [(prefix, spec) for spec, prefix in fixture_specs()]
