@@ -1,1 +1,7 @@
-fn main() {}
+//! The `zerosched` command line.
+
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
+}

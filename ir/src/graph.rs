@@ -208,12 +208,37 @@ impl Graph {
         Ok(node)
     }
 
+    /// Removes several nodes that nothing outside the set uses, in one pass over the order.
+    pub fn remove_all(&mut self, ids: &[NodeId]) -> Result<(), Problem> {
+        for &id in ids {
+            let used_outside = self
+                .dag
+                .neighbors_directed(id, Direction::Outgoing)
+                .any(|u| !ids.contains(&u));
+            if used_outside {
+                return Err(Problem::StillUsed);
+            }
+        }
+        for &id in ids {
+            if let Some(node) = self.dag.remove_node(id) {
+                self.names.remove(&node.name);
+            }
+        }
+        self.order.retain(|&n| self.dag.contains_node(n));
+        Ok(())
+    }
+
     pub fn node(&self, id: NodeId) -> &Node {
         &self.dag[id]
     }
 
     pub fn get(&self, id: NodeId) -> Option<&Node> {
         self.dag.node_weight(id)
+    }
+
+    /// Changes what a node calls; its arguments and edges stay.
+    pub fn set_target(&mut self, id: NodeId, target: impl Into<String>) {
+        self.dag[id].target = target.into();
     }
 
     /// Metadata may change freely: it carries no edges.
@@ -318,11 +343,23 @@ impl Graph {
     }
 }
 
-/// Stable de-duplication of a short sequence of references.
+/// Stable de-duplication of references: a linear scan for the usual handful, a set for the
+/// output node and other nodes with hundreds of arguments.
 fn distinct(refs: impl Iterator<Item = NodeId>) -> Vec<NodeId> {
     let mut out: Vec<NodeId> = Vec::new();
+    let mut seen: Option<std::collections::HashSet<NodeId>> = None;
     for r in refs {
-        if !out.contains(&r) {
+        let fresh = match &mut seen {
+            Some(set) => set.insert(r),
+            None if out.len() < 16 => !out.contains(&r),
+            None => {
+                let mut set: std::collections::HashSet<NodeId> = out.iter().copied().collect();
+                let fresh = set.insert(r);
+                seen = Some(set);
+                fresh
+            }
+        };
+        if fresh {
             out.push(r);
         }
     }

@@ -9,7 +9,9 @@
 //! handle and run the structural [`verify`]er, so code downstream may assume a well-formed graph.
 
 pub mod arg;
+pub mod aten;
 pub mod binary;
+pub mod comm;
 pub mod diag;
 pub mod dtype;
 pub mod graph;

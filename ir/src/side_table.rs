@@ -4,7 +4,7 @@
 use crate::{Graph, NodeId};
 use std::ops::{Index, IndexMut};
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Default)]
 pub struct SideTable<T> {
     data: Vec<T>,
 }

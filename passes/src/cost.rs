@@ -1,0 +1,248 @@
+//! The cost model: compute time per node and collective time per message.
+//!
+//! Compute time is `meta.device_time_ms` when the exporter measured it, otherwise a roofline
+//! estimate (matrix flops over a peak rate, bytes over memory bandwidth, plus a launch
+//! overhead). Collectives are `alpha + wire_bytes / beta`, or a piecewise-linear table measured
+//! on the target machine.
+
+use crate::ops::CommOp;
+use serde::{Deserialize, Serialize};
+use zerosched_ir::{Arg, Dtype, Graph, NodeId, Op, TensorMeta, Val};
+
+/// Which collective a message is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Collective {
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+}
+
+/// Measured collective times: `(bytes, milliseconds)` points per collective, by message size
+/// (the full gathered or reduced size), interpolated linearly and extrapolated from the last
+/// two points.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CollectiveTable {
+    pub all_gather: Vec<(u64, f64)>,
+    pub reduce_scatter: Vec<(u64, f64)>,
+    #[serde(default)]
+    pub all_reduce: Vec<(u64, f64)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CollectiveModel {
+    /// Ring collectives: `alpha_ms + bytes * (n-1)/n / beta` (all-reduce moves twice that).
+    AlphaBeta {
+        alpha_ms: f64,
+        beta_bytes_per_s: f64,
+    },
+    Table(CollectiveTable),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    /// Dense 16-bit matrix throughput, FLOP/s.
+    pub peak_flops: f64,
+    /// 32-bit matrix throughput, FLOP/s.
+    pub peak_flops_fp32: f64,
+    /// Device memory bandwidth, bytes/s.
+    pub mem_bandwidth: f64,
+    /// Fixed cost of every kernel that does work, ms.
+    pub launch_ms: f64,
+    pub collective: CollectiveModel,
+}
+
+impl Default for CostModel {
+    /// An H200 in an 8-GPU NVLink node: about 790 TFLOP/s measured bf16 matrix rate, 4.8 TB/s
+    /// HBM, and all-gather bus bandwidth of about 360 GB/s with 20 µs latency.
+    fn default() -> CostModel {
+        CostModel {
+            peak_flops: 790e12,
+            peak_flops_fp32: 60e12,
+            mem_bandwidth: 4.0e12,
+            launch_ms: 0.004,
+            collective: CollectiveModel::AlphaBeta {
+                alpha_ms: 0.02,
+                beta_bytes_per_s: 360e9,
+            },
+        }
+    }
+}
+
+impl CostModel {
+    /// Time of one node on the compute stream, ms. Inserted ops, views, placeholders and the
+    /// output cost nothing there.
+    pub fn compute_ms(&self, g: &Graph, id: NodeId) -> f64 {
+        let n = g.node(id);
+        if n.op != Op::CallFunction
+            || CommOp::of(n).is_some()
+            || zerosched_ir::aten::is_view(&n.target)
+        {
+            return 0.0;
+        }
+        if n.target == crate::ops::GETITEM {
+            return 0.0;
+        }
+        if let Some(t) = n.meta.device_time_ms {
+            return if t.is_finite() && t > 0.0 { t } else { 0.0 };
+        }
+        let out = n.meta.val.as_ref().and_then(Val::nbytes).unwrap_or(0);
+        let inputs: u64 = g
+            .inputs(id)
+            .iter()
+            .filter_map(|&i| g.node(i).meta.val.as_ref().and_then(Val::nbytes))
+            .fold(0, u64::saturating_add);
+        let bytes = out.saturating_add(inputs) as f64;
+        let (flops, dtype) = matmul_flops(g, id);
+        let rate = match dtype {
+            Some(Dtype::Float32 | Dtype::Float64) => self.peak_flops_fp32,
+            _ => self.peak_flops,
+        };
+        let t = (flops / rate).max(bytes / self.mem_bandwidth) * 1e3;
+        t + self.launch_ms
+    }
+
+    /// Time of one collective of `bytes` (the full message) over `world` ranks, ms.
+    pub fn collective_ms(&self, kind: Collective, bytes: u64, world: u32) -> f64 {
+        match &self.collective {
+            CollectiveModel::AlphaBeta {
+                alpha_ms,
+                beta_bytes_per_s,
+            } => {
+                let n = f64::from(world.max(1));
+                let factor = if kind == Collective::AllReduce {
+                    2.0
+                } else {
+                    1.0
+                };
+                alpha_ms + factor * bytes as f64 * (n - 1.0) / n / beta_bytes_per_s * 1e3
+            }
+            CollectiveModel::Table(t) => {
+                let points = match kind {
+                    Collective::AllGather => &t.all_gather,
+                    Collective::ReduceScatter => &t.reduce_scatter,
+                    Collective::AllReduce if t.all_reduce.is_empty() => &t.reduce_scatter,
+                    Collective::AllReduce => &t.all_reduce,
+                };
+                let scale = if kind == Collective::AllReduce && t.all_reduce.is_empty() {
+                    2.0
+                } else {
+                    1.0
+                };
+                scale * interpolate(points, bytes)
+            }
+        }
+    }
+
+    /// Loads a cost model from JSON (the format `serde` gives this type).
+    pub fn from_json(text: &str) -> Result<CostModel, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+}
+
+/// Piecewise-linear interpolation over points sorted by size; extrapolates at both ends.
+fn interpolate(points: &[(u64, f64)], bytes: u64) -> f64 {
+    let x = bytes as f64;
+    let seg = match points {
+        [] => return 0.0,
+        [(_, y)] => return *y,
+        _ => {
+            let i = points
+                .partition_point(|&(b, _)| b < bytes)
+                .clamp(1, points.len() - 1);
+            (points[i - 1], points[i])
+        }
+    };
+    let ((x0, y0), (x1, y1)) = seg;
+    let (x0, x1) = (x0 as f64, x1 as f64);
+    if x1 <= x0 {
+        return y1;
+    }
+    (y0 + (y1 - y0) * (x - x0) / (x1 - x0)).max(0.0)
+}
+
+fn tensor<'g>(g: &'g Graph, a: Option<&Arg<NodeId>>) -> Option<&'g TensorMeta> {
+    match &g.node(*a?.as_node()?).meta.val {
+        Some(Val::Tensor(t)) => Some(t),
+        _ => None,
+    }
+}
+
+fn dims(t: &TensorMeta) -> Vec<f64> {
+    t.shape.iter().map(|d| d.hint() as f64).collect()
+}
+
+/// Matrix flops of the node (0 for anything that is not a matrix product) and its dtype.
+fn matmul_flops(g: &Graph, id: NodeId) -> (f64, Option<Dtype>) {
+    let n = g.node(id);
+    let op = n.target.split('.').nth(1).unwrap_or("");
+    let (a, b) = match op {
+        "mm" | "bmm" | "matmul" => (n.args.first(), n.args.get(1)),
+        "addmm" | "baddbmm" | "addbmm" => (n.args.get(1), n.args.get(2)),
+        "_scaled_dot_product_flash_attention"
+        | "_scaled_dot_product_efficient_attention"
+        | "_scaled_dot_product_cudnn_attention"
+        | "scaled_dot_product_attention" => return attention_flops(g, n.args.as_slice(), 1.0),
+        "_scaled_dot_product_flash_attention_backward"
+        | "_scaled_dot_product_efficient_attention_backward"
+        | "_scaled_dot_product_cudnn_attention_backward" => {
+            return attention_flops(g, &n.args[1.min(n.args.len())..], 2.5);
+        }
+        _ => return (0.0, None),
+    };
+    match (tensor(g, a), tensor(g, b)) {
+        (Some(a), Some(b)) => {
+            let (da, db) = (dims(a), dims(b));
+            let (Some(&k), Some(&nn)) = (da.last(), db.last()) else {
+                return (0.0, None);
+            };
+            let m_batch: f64 = da[..da.len().saturating_sub(1)].iter().product();
+            (2.0 * m_batch * k * nn, Some(a.dtype))
+        }
+        _ => (0.0, None),
+    }
+}
+
+/// `4 * B * H * S * L * D` for q `[B,H,S,D]`, k `[B,H,L,D]`, times `factor`.
+fn attention_flops(g: &Graph, args: &[Arg<NodeId>], factor: f64) -> (f64, Option<Dtype>) {
+    match (tensor(g, args.first()), tensor(g, args.get(1))) {
+        (Some(q), Some(k)) if q.shape.len() == 4 && k.shape.len() == 4 => {
+            let (q, kd) = (dims(q), dims(k));
+            (factor * 4.0 * q[0] * q[1] * q[2] * kd[2] * q[3], None)
+        }
+        _ => (0.0, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alpha_beta_is_ring_and_table_interpolates() {
+        let m = CostModel::default();
+        let one = m.collective_ms(Collective::AllGather, 1 << 30, 8);
+        let CollectiveModel::AlphaBeta {
+            alpha_ms,
+            beta_bytes_per_s,
+        } = m.collective
+        else {
+            unreachable!()
+        };
+        let want = alpha_ms + (1u64 << 30) as f64 * 7.0 / 8.0 / beta_bytes_per_s * 1e3;
+        assert!((one - want).abs() < 1e-9);
+        assert!(m.collective_ms(Collective::AllReduce, 1 << 30, 8) > one * 1.9);
+        let t = CollectiveTable {
+            all_gather: vec![(0, 0.01), (1000, 1.01)],
+            reduce_scatter: vec![(0, 0.0)],
+            all_reduce: vec![],
+        };
+        let m = CostModel {
+            collective: CollectiveModel::Table(t),
+            ..CostModel::default()
+        };
+        assert!((m.collective_ms(Collective::AllGather, 500, 8) - 0.51).abs() < 1e-12);
+        assert!((m.collective_ms(Collective::AllGather, 2000, 8) - 2.01).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,107 @@
+//! Builders for the inserted ops (their targets and keyword readers are in
+//! `zerosched_ir::comm`), and the byte size of a gathered buffer.
+
+use std::collections::BTreeMap;
+pub use zerosched_ir::comm::*;
+use zerosched_ir::{Arg, Dtype, Graph, Node, NodeId};
+
+fn kwargs(pairs: Vec<(&str, Arg<NodeId>)>) -> BTreeMap<String, Arg<NodeId>> {
+    pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+fn call(
+    g: &Graph,
+    base: &str,
+    target: &str,
+    args: Vec<Arg<NodeId>>,
+    kw: Vec<(&str, Arg<NodeId>)>,
+) -> Node {
+    Node {
+        kwargs: kwargs(kw),
+        ..Node::call(g.fresh_name(base), target, args)
+    }
+}
+
+pub fn allgather(g: &Graph, shard: NodeId, param: &str, dtype: Option<Dtype>) -> Node {
+    let mut kw = vec![("param", Arg::Str(param.to_owned()))];
+    if let Some(d) = dtype {
+        kw.push(("dtype", Arg::Dtype(d)));
+    }
+    let base = format!("allgather_{}", g.node(shard).name);
+    call(g, &base, ALLGATHER, vec![Arg::Node(shard)], kw)
+}
+
+pub fn wait(g: &Graph, gather: NodeId, param: &str) -> Node {
+    let gather_name = &g.node(gather).name;
+    let base = format!(
+        "wait_{}",
+        gather_name
+            .strip_prefix("allgather_")
+            .unwrap_or(gather_name)
+    );
+    call(
+        g,
+        &base,
+        WAIT,
+        vec![Arg::Node(gather)],
+        vec![("param", Arg::Str(param.to_owned()))],
+    )
+}
+
+pub fn release(g: &Graph, value: NodeId, param: &str, after: &[NodeId]) -> Node {
+    let after = Arg::List(after.iter().map(|&u| Arg::Node(u)).collect());
+    let base = format!("release_{}", g.node(value).name);
+    call(
+        g,
+        &base,
+        RELEASE,
+        vec![Arg::Node(value)],
+        vec![("param", Arg::Str(param.to_owned())), ("after", after)],
+    )
+}
+
+pub fn reduce_grad(g: &Graph, grad: NodeId, param: &str, sharded: bool) -> Node {
+    let base = format!("reduce_{}", g.node(grad).name);
+    call(
+        g,
+        &base,
+        REDUCE_GRAD,
+        vec![Arg::Node(grad)],
+        vec![
+            ("param", Arg::Str(param.to_owned())),
+            ("sharded", Arg::Bool(sharded)),
+        ],
+    )
+}
+
+pub fn end_backward(g: &Graph, reduces: &[NodeId]) -> Node {
+    let list = Arg::List(reduces.iter().map(|&r| Arg::Node(r)).collect());
+    call(g, "end_backward", END_BACKWARD, vec![list], vec![])
+}
+
+pub fn getitem(g: &Graph, value: NodeId, index: usize) -> Node {
+    let base = format!("{}_{index}", g.node(value).name);
+    call(
+        g,
+        &base,
+        GETITEM,
+        vec![Arg::Node(value), Arg::Int(index as i64)],
+        vec![],
+    )
+}
+
+/// Bytes of the full buffer a gather allocates: the flattened parameter padded to a multiple of
+/// the world size, in the gather's dtype. `None` if the node is not a gather of a known
+/// parameter.
+pub fn gathered_bytes(g: &Graph, gather: NodeId, world_size: u32) -> Option<u64> {
+    let n = g.node(gather);
+    let shard = *n.args.first()?.as_node()?;
+    let p = g.param_of(shard)?;
+    let numel = p
+        .shape
+        .iter()
+        .try_fold(1u64, |acc, d| acc.checked_mul(d.hint()))?;
+    let world = u64::from(world_size.max(1));
+    let padded = numel.div_ceil(world).checked_mul(world)?;
+    padded.checked_mul(gather_dtype(n).unwrap_or(p.dtype).size())
+}

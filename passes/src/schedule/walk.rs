@@ -1,0 +1,494 @@
+//! The list walk behind `jit` and `prefetch`.
+//!
+//! The compute nodes (the *spine*) keep their order. Waits and pure views of gathered storage
+//! are *deferred*: each is placed right before the first node that needs it. Releases and
+//! reductions are *eager*: each is placed as soon as everything it depends on is placed (a
+//! reduction waits for the next step so that gathers go first on the communication stream).
+//! Gathers are issued in the order they are first needed. Under `prefetch` a gather is issued
+//! ahead of need while it fits the budget and the communication stream would otherwise fall
+//! idle during the next compute node; gathers issued at one point are coalesced into a bucket
+//! while that does not delay the bucket's first member past its need.
+//!
+//! A small two-stream clock (compute, communication) drives these choices; the simulator,
+//! not this clock, reports step times. Every node is visited a constant number of times.
+
+use super::{ScheduleError, ScheduleOptions, ScheduleReport};
+use crate::alias::Aliases;
+use crate::cost::Collective;
+use crate::ops::{self, CommOp};
+use zerosched_ir::{Arg, Graph, NodeId, Op, Problem, SideTable};
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Policy {
+    pub prefetch: bool,
+    pub bucketing: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Spine,
+    Deferred,
+    Eager,
+    Gather,
+}
+
+pub(super) fn run(
+    g: &mut Graph,
+    opts: &ScheduleOptions,
+    policy: Policy,
+) -> Result<ScheduleReport, ScheduleError> {
+    let label = g.label().to_owned();
+    let bad = |problem| ScheduleError::Graph {
+        graph: label.clone(),
+        problem,
+    };
+    let plan = Plan::build(g, opts);
+    let mut w = Walk::new(g, &plan, opts, policy);
+    w.run();
+    if w.needed > opts.budget {
+        let needed = if policy.prefetch {
+            let mut jit = Walk::new(
+                g,
+                &plan,
+                opts,
+                Policy {
+                    prefetch: false,
+                    bucketing: false,
+                },
+            );
+            jit.run();
+            jit.peak
+        } else {
+            w.needed
+        };
+        return Err(ScheduleError::OverBudget {
+            graph: label,
+            budget: opts.budget,
+            needed,
+        });
+    }
+    let report = ScheduleReport {
+        gathers: plan.gathers,
+        buckets: w.buckets.iter().filter(|b| b.len() > 1).count(),
+        releases: plan.releases,
+        reductions: plan.reductions,
+        peak_gathered: w.peak,
+    };
+    let (order, buckets) = (std::mem::take(&mut w.order), std::mem::take(&mut w.buckets));
+    drop(w);
+    if order.len() != g.len() {
+        return Err(bad(Problem::BadOrder));
+    }
+    g.set_order(order).map_err(bad)?;
+    let multi = buckets.into_iter().filter(|b| b.len() > 1);
+    for (id, members) in multi.enumerate() {
+        for m in members {
+            let n = g.node(m);
+            let (args, mut kwargs) = (n.args.clone(), n.kwargs.clone());
+            kwargs.insert("bucket".to_owned(), Arg::Int(id as i64));
+            g.set_args(m, args, kwargs).map_err(bad)?;
+        }
+    }
+    Ok(report)
+}
+
+/// Everything the walk needs, computed once from the graph after insertion.
+struct Plan {
+    role: SideTable<Role>,
+    spine: Vec<NodeId>,
+    /// Compute cost of each node, ms.
+    cost: SideTable<f64>,
+    /// `prefix[i]`: total cost of `spine[..i]`.
+    prefix: Vec<f64>,
+    /// Gathers in the order they are first needed.
+    fifo: Vec<NodeId>,
+    /// The spine index that first needs each gather.
+    need_at: SideTable<usize>,
+    /// The gather each node's storage belongs to, for releases and waits.
+    gather_of: SideTable<Option<NodeId>>,
+    bytes: SideTable<u64>,
+    /// Reuses of buffers an earlier graph kept: resident from the start, no communication.
+    resident: SideTable<bool>,
+    /// Distinct inputs of each eager node.
+    deps: SideTable<usize>,
+    gathers: usize,
+    releases: usize,
+    reductions: usize,
+}
+
+impl Plan {
+    fn build(g: &Graph, opts: &ScheduleOptions) -> Plan {
+        let aliases = Aliases::analyse(g);
+        let mut p = Plan {
+            role: SideTable::new(g, Role::Spine),
+            spine: Vec::new(),
+            cost: SideTable::new(g, 0.0),
+            prefix: vec![0.0],
+            fifo: Vec::new(),
+            need_at: SideTable::new(g, usize::MAX),
+            gather_of: SideTable::new(g, None),
+            bytes: SideTable::new(g, 0),
+            resident: SideTable::new(g, false),
+            deps: SideTable::new(g, 0),
+            gathers: 0,
+            releases: 0,
+            reductions: 0,
+        };
+        // Graph inputs are available from the start: placeholders lead the spine, so every
+        // shard can be gathered as early as the budget allows.
+        let inputs_first = g
+            .nodes()
+            .filter(|(_, n)| n.op == Op::Placeholder)
+            .chain(g.nodes().filter(|(_, n)| n.op != Op::Placeholder));
+        for (id, n) in inputs_first {
+            let class = aliases.class(id);
+            let gathered = class.filter(|&c| {
+                matches!(
+                    CommOp::of(g.node(c)),
+                    Some(CommOp::AllGather | CommOp::Reuse)
+                )
+            });
+            p.gather_of[id] = gathered;
+            p.role[id] = match CommOp::of(n) {
+                Some(op @ (CommOp::AllGather | CommOp::Reuse)) => {
+                    p.gathers += 1;
+                    p.resident[id] = op == CommOp::Reuse;
+                    p.bytes[id] = ops::gathered_bytes(g, id, opts.world_size)
+                        .or_else(|| n.meta.val.as_ref().and_then(|v| v.nbytes()))
+                        .unwrap_or(0);
+                    Role::Gather
+                }
+                Some(CommOp::Wait) => Role::Deferred,
+                Some(op @ (CommOp::Release | CommOp::Keep)) => {
+                    p.releases += usize::from(op == CommOp::Release);
+                    p.gather_of[id] = n
+                        .args
+                        .first()
+                        .and_then(Arg::as_node)
+                        .and_then(|&v| p.gather_of[v]);
+                    Role::Eager
+                }
+                Some(CommOp::ReduceGrad) => {
+                    p.reductions += 1;
+                    Role::Eager
+                }
+                _ => {
+                    let pure_view = gathered.is_some_and(|c| c != id)
+                        && g.inputs(id).iter().all(|&i| !aliases.is_real_use(g, id, i))
+                        && g.has_users(id);
+                    if pure_view {
+                        Role::Deferred
+                    } else {
+                        Role::Spine
+                    }
+                }
+            };
+            if p.role[id] == Role::Eager {
+                p.deps[id] = g.inputs(id).len();
+            }
+            if p.role[id] == Role::Spine {
+                p.cost[id] = opts.cost.compute_ms(g, id);
+                let total = p.prefix.last().copied().unwrap_or(0.0) + p.cost[id];
+                p.spine.push(id);
+                p.prefix.push(total);
+            }
+        }
+        // First need of each gather: the first spine node that reaches its wait through
+        // deferred nodes. Each deferred node is visited once.
+        let mut seen = SideTable::new(g, false);
+        let mut stack = Vec::new();
+        for (i, &s) in p.spine.iter().enumerate() {
+            stack.extend(g.inputs(s));
+            while let Some(v) = stack.pop() {
+                if p.role[v] != Role::Deferred || seen[v] {
+                    continue;
+                }
+                seen[v] = true;
+                if let Some(gather) = p.gather_of[v] {
+                    if CommOp::of(g.node(v)) == Some(CommOp::Wait)
+                        && p.need_at[gather] == usize::MAX
+                    {
+                        p.need_at[gather] = i;
+                        p.fifo.push(gather);
+                    }
+                }
+                stack.extend(g.inputs(v));
+            }
+        }
+        // Gathers no compute node needs still get issued (last, in program order).
+        for (id, _) in g.nodes() {
+            if p.role[id] == Role::Gather && p.need_at[id] == usize::MAX {
+                p.fifo.push(id);
+            }
+        }
+        p
+    }
+}
+
+struct Bucket {
+    start: f64,
+    end: f64,
+    bytes: u64,
+    /// When the first member is expected to be needed.
+    first_need: f64,
+}
+
+struct Walk<'a> {
+    g: &'a Graph,
+    plan: &'a Plan,
+    opts: &'a ScheduleOptions,
+    policy: Policy,
+    emitted: SideTable<bool>,
+    pending: SideTable<usize>,
+    end_of: SideTable<f64>,
+    order: Vec<NodeId>,
+    buckets: Vec<Vec<NodeId>>,
+    open: Option<Bucket>,
+    reduce_queue: Vec<NodeId>,
+    t_compute: f64,
+    t_comm: f64,
+    live: u64,
+    peak: u64,
+    /// The most gathered bytes a forced (just-in-time) gather needed.
+    needed: u64,
+    /// Index into `plan.fifo` of the next gather to issue.
+    next: usize,
+}
+
+impl<'a> Walk<'a> {
+    fn new(g: &'a Graph, plan: &'a Plan, opts: &'a ScheduleOptions, policy: Policy) -> Walk<'a> {
+        let resident: u64 = g
+            .order()
+            .iter()
+            .filter(|&&id| plan.resident[id])
+            .map(|&id| plan.bytes[id])
+            .sum();
+        Walk {
+            g,
+            plan,
+            opts,
+            policy,
+            emitted: SideTable::new(g, false),
+            pending: plan.deps.clone(),
+            end_of: SideTable::new(g, 0.0),
+            order: Vec::with_capacity(g.len()),
+            buckets: Vec::new(),
+            open: None,
+            reduce_queue: Vec::new(),
+            t_compute: 0.0,
+            t_comm: 0.0,
+            live: resident,
+            peak: resident,
+            needed: 0,
+            next: 0,
+        }
+    }
+
+    fn run(&mut self) {
+        let plan = self.plan;
+        for (i, &s) in plan.spine.iter().enumerate() {
+            self.issue_gathers(i, plan.cost[s]);
+            self.open = None;
+            self.flush_reductions();
+            self.place(s);
+        }
+        // Whatever no compute node needed, in program order.
+        for &id in self.g.order() {
+            if !self.emitted[id] && plan.role[id] != Role::Eager {
+                self.place(id);
+            }
+        }
+        self.flush_reductions();
+    }
+
+    /// Issues the gathers due before spine node `i` (cost `cost`).
+    fn issue_gathers(&mut self, i: usize, cost: f64) {
+        while let Some(&gather) = self.plan.fifo.get(self.next) {
+            if self.emitted[gather] {
+                self.next += 1;
+                continue;
+            }
+            let forced = self.plan.need_at[gather] <= i;
+            let ready = self.g.inputs(gather).iter().all(|&s| self.emitted[s]);
+            if !forced {
+                let fits = self.live.saturating_add(self.plan.bytes[gather]) <= self.opts.budget;
+                // If the stream stays busy past this node, issuing after it loses nothing and
+                // holds the memory for less time.
+                let stream_frees = self.t_comm < self.t_compute + cost;
+                if !(self.policy.prefetch && fits && stream_frees && ready) {
+                    break;
+                }
+            }
+            self.issue(gather, i);
+            self.next += 1;
+        }
+    }
+
+    fn collective(&self, bytes: u64) -> f64 {
+        self.opts
+            .cost
+            .collective_ms(Collective::AllGather, bytes, self.opts.world_size)
+    }
+
+    fn issue(&mut self, gather: NodeId, at: usize) {
+        // A shard that is not a graph input is placed first (a dependency, out of turn).
+        for s in self.g.inputs(gather) {
+            if !self.emitted[s] {
+                self.place(s);
+            }
+        }
+        if self.plan.resident[gather] {
+            // Already complete and already counted: placing it is all there is to do.
+            self.emit(gather);
+            return;
+        }
+        let bytes = self.plan.bytes[gather];
+        let need = self.plan.need_at[gather];
+        let expected = match self.plan.prefix.get(need) {
+            Some(&p) => self.t_compute + p - self.plan.prefix.get(at).copied().unwrap_or(p),
+            None => f64::INFINITY,
+        };
+        let alone = self.collective(bytes);
+        let fused = self.open.as_ref().map(|b| self.collective(b.bytes + bytes));
+        let joined = match (&mut self.open, fused, self.policy.bucketing) {
+            (Some(b), Some(fused), true) => {
+                let end = b.start + fused;
+                let separately = b.end + alone;
+                if end < separately && end <= b.end.max(b.first_need) {
+                    b.end = end;
+                    b.bytes += bytes;
+                    Some(end)
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        match joined {
+            Some(end) => {
+                if let Some(members) = self.buckets.last_mut() {
+                    members.push(gather);
+                    for &m in members.iter() {
+                        self.end_of[m] = end;
+                    }
+                }
+                self.t_comm = end;
+            }
+            None => {
+                let start = self.t_compute.max(self.t_comm);
+                let end = start + alone;
+                self.open = Some(Bucket {
+                    start,
+                    end,
+                    bytes,
+                    first_need: expected,
+                });
+                self.buckets.push(vec![gather]);
+                self.end_of[gather] = end;
+                self.t_comm = end;
+            }
+        }
+        if self.live.saturating_add(bytes) > self.opts.budget {
+            self.needed = self.needed.max(self.live.saturating_add(bytes));
+        }
+        self.live = self.live.saturating_add(bytes);
+        self.peak = self.peak.max(self.live);
+        self.emit(gather);
+    }
+
+    fn flush_reductions(&mut self) {
+        for r in std::mem::take(&mut self.reduce_queue) {
+            let bytes = self
+                .g
+                .node(r)
+                .meta
+                .val
+                .as_ref()
+                .and_then(|v| v.nbytes())
+                .unwrap_or(0);
+            let start = self.t_compute.max(self.t_comm);
+            self.t_comm = start
+                + self.opts.cost.collective_ms(
+                    Collective::ReduceScatter,
+                    bytes,
+                    self.opts.world_size,
+                );
+            self.end_of[r] = self.t_comm;
+            self.emit(r);
+        }
+    }
+
+    /// Places `node` after everything it needs that is not yet placed (deferred nodes, and a
+    /// gather not yet issued), depth first, without recursion.
+    fn place(&mut self, node: NodeId) {
+        let mut stack = vec![(node, false)];
+        while let Some((v, expanded)) = stack.pop() {
+            if self.emitted[v] {
+                continue;
+            }
+            if expanded {
+                self.emit_compute(v);
+                continue;
+            }
+            stack.push((v, true));
+            for i in self.g.inputs(v) {
+                if self.emitted[i] {
+                    continue;
+                }
+                match self.plan.role[i] {
+                    Role::Gather => self.issue(i, self.order.len()),
+                    Role::Eager => {
+                        // A reduction a compute node consumes (end_backward): issue it now.
+                        self.reduce_queue.retain(|&r| r != i);
+                        self.reduce_queue.push(i);
+                        self.flush_reductions();
+                    }
+                    _ => stack.push((i, false)),
+                }
+            }
+        }
+    }
+
+    fn emit_compute(&mut self, v: NodeId) {
+        match CommOp::of(self.g.node(v)) {
+            Some(CommOp::Wait) => {
+                if let Some(gather) = self.plan.gather_of[v] {
+                    self.t_compute = self.t_compute.max(self.end_of[gather]);
+                }
+            }
+            Some(CommOp::EndBackward) => {
+                for r in self.g.inputs(v) {
+                    self.t_compute = self.t_compute.max(self.end_of[r]);
+                }
+            }
+            _ => self.t_compute += self.plan.cost[v],
+        }
+        self.emit(v);
+    }
+
+    /// Appends `v` to the order and places the eager nodes it completes.
+    fn emit(&mut self, v: NodeId) {
+        self.emitted[v] = true;
+        self.order.push(v);
+        for u in self.g.users(v) {
+            if self.plan.role[u] != Role::Eager || self.emitted[u] {
+                continue;
+            }
+            self.pending[u] = self.pending[u].saturating_sub(1);
+            if self.pending[u] > 0 {
+                continue;
+            }
+            let op = CommOp::of(self.g.node(u));
+            if matches!(op, Some(CommOp::Release | CommOp::Keep)) {
+                // A kept buffer stays resident past the graph's end.
+                if let (Some(gather), Some(CommOp::Release)) = (self.plan.gather_of[u], op) {
+                    self.live = self.live.saturating_sub(self.plan.bytes[gather]);
+                }
+                self.emitted[u] = true;
+                self.order.push(u);
+            } else {
+                self.reduce_queue.push(u);
+            }
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! The `jit` and `prefetch` schedulers: order validity, budget, prefetch distance, buckets.
+
+mod common;
+
+use common::{mlp, pos};
+use std::collections::BTreeSet;
+use zerosched_ir::Graph;
+use zerosched_passes::insert::insert;
+use zerosched_passes::ops;
+use zerosched_passes::schedule::{ScheduleError, ScheduleOptions, by_name};
+
+fn inserted(mut g: Graph) -> Graph {
+    insert(&mut g, &BTreeSet::new()).expect("insertion");
+    g
+}
+
+fn scheduled(
+    g: &Graph,
+    name: &str,
+    opts: &ScheduleOptions,
+) -> Result<(Graph, zerosched_passes::schedule::ScheduleReport), ScheduleError> {
+    let mut g = g.clone();
+    let s = by_name(name).expect("known scheduler");
+    let r = s.schedule(&mut g, opts)?;
+    zerosched_ir::verify::graph(&g).expect("a topological order");
+    Ok((g, r))
+}
+
+/// 64x64 f32 weights: 16 KiB each.
+const W: u64 = 64 * 64 * 4;
+
+#[test]
+fn jit_gathers_right_before_use_and_releases_right_after() {
+    let g = inserted(mlp(4, 64, 1.0));
+    let (s, r) = scheduled(&g, "jit", &ScheduleOptions::default()).expect("feasible");
+    for l in 0..4 {
+        let wait = pos(&s, &format!("wait_layers_{l}_weight"));
+        let mm = pos(&s, &format!("mm_{l}"));
+        let gather = pos(&s, &format!("allgather_layers_{l}_weight"));
+        assert_eq!(
+            (gather + 1, wait + 1),
+            (wait, mm),
+            "layer {l}: gather, wait, matmul"
+        );
+        assert_eq!(pos(&s, &format!("release_wait_layers_{l}_weight")), mm + 1);
+    }
+    assert_eq!(r.peak_gathered, W);
+}
+
+#[test]
+fn prefetch_issues_the_next_gather_during_the_previous_layer() {
+    let g = inserted(mlp(4, 64, 1.0));
+    let opts = ScheduleOptions {
+        budget: 2 * W,
+        ..ScheduleOptions::default()
+    };
+    let (s, r) = scheduled(&g, "prefetch", &opts).expect("feasible");
+    for l in 1..4 {
+        let gather = pos(&s, &format!("allgather_layers_{l}_weight"));
+        assert!(
+            gather < pos(&s, &format!("mm_{}", l - 1)),
+            "layer {l}'s gather overlaps layer {}",
+            l - 1
+        );
+    }
+    assert!(r.peak_gathered <= 2 * W);
+}
+
+#[test]
+fn prefetch_never_exceeds_the_budget_and_says_what_would_fit() {
+    let g = inserted(mlp(6, 64, 1.0));
+    for budget in [W, W + 1, 2 * W, 3 * W, 10 * W] {
+        let opts = ScheduleOptions {
+            budget,
+            ..ScheduleOptions::default()
+        };
+        let (_, r) = scheduled(&g, "prefetch", &opts).expect("feasible");
+        assert!(
+            r.peak_gathered <= budget,
+            "budget {budget}: peak {}",
+            r.peak_gathered
+        );
+    }
+    let opts = ScheduleOptions {
+        budget: W - 1,
+        ..ScheduleOptions::default()
+    };
+    match scheduled(&g, "prefetch", &opts) {
+        Err(ScheduleError::OverBudget { needed, .. }) => assert_eq!(needed, W),
+        other => panic!("expected OverBudget, got {:?}", other.map(|x| x.1)),
+    }
+}
+
+#[test]
+fn small_gathers_issued_together_become_one_bucket() {
+    // Tiny weights and long matmuls: the collectives are latency-bound, so fusing pays.
+    let g = inserted(mlp(6, 8, 5.0));
+    let (s, r) = scheduled(&g, "prefetch", &ScheduleOptions::default()).expect("feasible");
+    assert!(r.buckets >= 1, "some gathers were coalesced");
+    let buckets: BTreeSet<i64> = s.nodes().filter_map(|(_, n)| ops::bucket(n)).collect();
+    for b in buckets {
+        let at: Vec<usize> = s
+            .nodes()
+            .enumerate()
+            .filter(|(_, (_, n))| ops::bucket(n) == Some(b))
+            .map(|(i, _)| i)
+            .collect();
+        assert!(
+            at.windows(2).all(|w| w[1] == w[0] + 1),
+            "bucket {b} members are adjacent: {at:?}"
+        );
+    }
+}
+
+#[test]
+fn schedules_are_deterministic() {
+    let g = inserted(mlp(8, 32, 0.5));
+    for name in ["jit", "prefetch"] {
+        let opts = ScheduleOptions {
+            budget: 3 * 32 * 32 * 4,
+            ..ScheduleOptions::default()
+        };
+        let a = scheduled(&g, name, &opts).expect("feasible").0;
+        let b = scheduled(&g, name, &opts).expect("feasible").0;
+        assert_eq!(
+            zerosched_ir::json::export_graph(&a),
+            zerosched_ir::json::export_graph(&b)
+        );
+    }
+}

@@ -1,0 +1,131 @@
+//! The command line end to end: accepted inputs, conversions, exit codes, atomic output.
+
+mod common;
+
+use common::{files, relative, zerosched};
+
+fn documents() -> Vec<std::path::PathBuf> {
+    let mut all = files("tests/fixtures", &[".json", ".json.gz"]);
+    all.extend(files("benches/data", &[".json.gz"]));
+    all
+}
+
+#[test]
+fn check_accepts_every_fixture() {
+    let docs = documents();
+    assert!(!docs.is_empty());
+    for doc in docs {
+        let out = zerosched(&["check", &relative(&doc)]);
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            doc.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains(": ok"));
+    }
+}
+
+#[test]
+fn check_without_a_file_uses_the_embedded_default() {
+    let out = zerosched(&["check"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("<embedded default>: ok"), "{stdout}");
+}
+
+#[test]
+fn json_binary_json_is_the_identity_for_every_fixture() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    for doc in documents() {
+        let bin = tmp.path().join("g.zsg");
+        let back = tmp.path().join("g.json");
+        let bin_s = bin.to_string_lossy().into_owned();
+        let back_s = back.to_string_lossy().into_owned();
+        let once = tmp.path().join("once.json");
+        let once_s = once.to_string_lossy().into_owned();
+        for (from, to) in [
+            (relative(&doc), &once_s),
+            (once_s.clone(), &bin_s),
+            (bin_s.clone(), &back_s),
+        ] {
+            let out = zerosched(&["convert", &from, "-o", to]);
+            assert!(
+                out.status.success(),
+                "{from}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let a = std::fs::read(&once).expect("first export");
+        let b = std::fs::read(&back).expect("second export");
+        assert!(
+            a == b,
+            "{}: JSON -> binary -> JSON changed the document",
+            doc.display()
+        );
+        let bin_bytes = std::fs::read(&bin).expect("binary");
+        assert!(bin_bytes.starts_with(zerosched_ir::binary::MAGIC));
+    }
+}
+
+#[test]
+fn convert_of_invalid_input_writes_nothing() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let target = tmp.path().join("out.zsg");
+    let out = zerosched(&[
+        "convert",
+        "tests/import_errors/cycle_between_two_nodes.json",
+        "-o",
+        &target.to_string_lossy(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!target.exists(), "no output file for rejected input");
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).expect("dir").count(),
+        0,
+        "no temporary file left behind"
+    );
+}
+
+#[test]
+fn convert_into_a_missing_directory_fails_cleanly() {
+    let out = zerosched(&[
+        "convert",
+        "tests/fixtures/edge/param_only_used_by_output.json",
+        "-o",
+        "/nonexistent-dir/x.json",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-dir/x.json"));
+}
+
+#[test]
+fn usage_errors_exit_with_two() {
+    assert_eq!(zerosched(&["frobnicate"]).status.code(), Some(2));
+    assert_eq!(zerosched(&["convert", "a.json"]).status.code(), Some(2));
+    let help = zerosched(&["--help"]);
+    assert!(help.status.success());
+    assert!(String::from_utf8_lossy(&help.stdout).contains("Examples:"));
+}
+
+#[test]
+fn gzip_output_is_deterministic_and_readable() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let a = tmp.path().join("a.json.gz");
+    let b = tmp.path().join("b.json.gz");
+    for t in [&a, &b] {
+        let out = zerosched(&[
+            "convert",
+            "tests/fixtures/edge/param_only_used_by_output.json",
+            "-o",
+            &t.to_string_lossy(),
+        ]);
+        assert!(out.status.success());
+    }
+    assert_eq!(std::fs::read(&a).expect("a"), std::fs::read(&b).expect("b"));
+    assert!(zerosched(&["check", &a.to_string_lossy()]).status.success());
+}
