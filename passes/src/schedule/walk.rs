@@ -312,9 +312,9 @@ impl<'a> Walk<'a> {
             let ready = self.g.inputs(gather).iter().all(|&s| self.emitted[s]);
             if !forced {
                 let fits = self.live.saturating_add(self.plan.bytes[gather]) <= self.opts.budget;
-                // If the stream stays busy past this node, issuing after it loses nothing and
-                // holds the memory for less time.
-                let stream_frees = self.t_comm < self.t_compute + cost;
+                // If the stream stays busy past the end of this node (its own waits included),
+                // issuing after it loses nothing and holds the memory for less time.
+                let stream_frees = self.t_comm < self.node_start(i) + cost;
                 if !(self.policy.prefetch && fits && stream_frees && ready) {
                     break;
                 }
@@ -322,6 +322,17 @@ impl<'a> Walk<'a> {
             self.issue(gather, i);
             self.next += 1;
         }
+    }
+
+    /// When spine node `i` can start: after the compute before it and after the gathers it
+    /// waits for, which are issued by the time anything later is considered. They are the
+    /// last issued entries of the first-need order.
+    fn node_start(&self, i: usize) -> f64 {
+        self.plan.fifo[..self.next]
+            .iter()
+            .rev()
+            .take_while(|&&g| self.plan.need_at[g] == i)
+            .fold(self.t_compute, |t, &g| t.max(self.end_of[g]))
     }
 
     fn collective(&self, bytes: u64) -> f64 {
@@ -398,25 +409,20 @@ impl<'a> Walk<'a> {
 
     fn flush_reductions(&mut self) {
         for r in std::mem::take(&mut self.reduce_queue) {
-            let bytes = self
-                .g
-                .node(r)
-                .meta
-                .val
-                .as_ref()
-                .and_then(|v| v.nbytes())
-                .unwrap_or(0);
+            let n = self.g.node(r);
+            let bytes = n.meta.val.as_ref().and_then(|v| v.nbytes()).unwrap_or(0);
+            // A persistent parameter's gradient is all-reduced, not scattered.
+            let kind = match n.kwargs.get("sharded") {
+                Some(Arg::Bool(false)) => Collective::AllReduce,
+                _ => Collective::ReduceScatter,
+            };
             let start = self.t_compute.max(self.t_comm);
-            self.t_comm = start
-                + self.opts.cost.collective_ms(
-                    Collective::ReduceScatter,
-                    bytes,
-                    self.opts.world_size,
-                );
+            self.t_comm = start + self.opts.cost.collective_ms(kind, bytes, self.opts.world_size);
             self.end_of[r] = self.t_comm;
             self.emit(r);
         }
     }
+
 
     /// Places `node` after everything it needs that is not yet placed (deferred nodes, and a
     /// gather not yet issued), depth first, without recursion.
