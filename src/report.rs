@@ -1,62 +1,54 @@
-//! What `zerosched schedule` prints and writes: per graph, what the passes did and how the
-//! schedule performs.
+//! What `zerosched schedule` and `zerosched simulate` print and write: per graph, what the
+//! passes did and how the schedule performs in the two-stream simulation.
 
 use serde::Serialize;
 use std::fmt::Write;
 use zerosched_ir::Program;
-use zerosched_passes::pipeline::{Context, PipelineOptions};
-
-#[derive(Clone, Debug, Serialize)]
-pub struct GraphRow {
-    pub graph: String,
-    pub kind: &'static str,
-    pub nodes: usize,
-    pub gathers: usize,
-    pub buckets: usize,
-    pub releases: usize,
-    pub reductions: usize,
-    pub peak_gathered_bytes: u64,
-}
+use zerosched_passes::pipeline::Context;
+use zerosched_passes::simulate::{ProgramSim, SimOptions, Summary, simulate_program};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub input: String,
-    pub scheduler: String,
+    /// `None` for `simulate`, which runs no scheduler.
+    pub scheduler: Option<String>,
     pub world_size: u32,
     /// `None` when no budget was given.
     pub budget_bytes: Option<u64>,
-    pub graphs: Vec<GraphRow>,
+    /// Per graph and in total: the simulation of the program as it stands.
+    pub simulation: ProgramSim,
+    /// Releases per graph (the simulation counts gathers, buckets and reductions).
+    pub releases: Vec<usize>,
+    /// Parameters kept gathered from the forward to the backward.
     pub kept: Vec<String>,
 }
 
 impl Report {
-    pub fn new(input: &str, p: &Program, cx: &Context, opts: &PipelineOptions) -> Report {
-        let graphs = p
+    pub fn new(
+        input: &str,
+        p: &Program,
+        cx: Option<&Context>,
+        scheduler: Option<&str>,
+        budget: u64,
+        sim: &SimOptions,
+    ) -> Report {
+        let releases = p
             .graphs
             .iter()
-            .enumerate()
-            .map(|(i, g)| {
-                let r = cx.graphs.get(i).cloned().unwrap_or_default();
-                GraphRow {
-                    graph: g.label().to_owned(),
-                    kind: g.kind.name(),
-                    nodes: g.len(),
-                    gathers: r.schedule.gathers,
-                    buckets: r.schedule.buckets,
-                    releases: r.schedule.releases,
-                    reductions: r.schedule.reductions,
-                    peak_gathered_bytes: r.schedule.peak_gathered,
-                }
+            .map(|g| {
+                g.nodes()
+                    .filter(|(_, n)| n.target == zerosched_ir::comm::RELEASE)
+                    .count()
             })
             .collect();
-        let budget = opts.schedule.budget;
         Report {
             input: input.to_owned(),
-            scheduler: opts.scheduler.clone(),
-            world_size: opts.schedule.world_size,
+            scheduler: scheduler.map(str::to_owned),
+            world_size: sim.world_size,
             budget_bytes: (budget != u64::MAX).then_some(budget),
-            graphs,
-            kept: cx.keep.kept.clone(),
+            simulation: simulate_program(p, sim),
+            releases,
+            kept: cx.map(|c| c.keep.kept.clone()).unwrap_or_default(),
         }
     }
 
@@ -65,35 +57,67 @@ impl Report {
         let budget = self
             .budget_bytes
             .map_or("none".to_owned(), crate::summary::bytes);
+        let scheduler = self.scheduler.as_deref().unwrap_or("as given");
         let _ = writeln!(
             s,
-            "{}: scheduler {}, world size {}, budget {budget}",
-            self.input, self.scheduler, self.world_size
+            "{}: scheduler {scheduler}, world size {}, budget {budget}",
+            self.input, self.world_size
         );
-        let width = self
+        let rows: Vec<(&str, &str, usize, &Summary)> = self
+            .simulation
             .graphs
             .iter()
-            .map(|r| r.graph.len())
-            .chain([5])
+            .zip(&self.releases)
+            .map(|(g, &r)| (g.graph.as_str(), g.kind, r, &g.summary))
+            .collect();
+        let total_label = format!("total ({} graphs)", rows.len());
+        let width = rows
+            .iter()
+            .map(|r| r.0.len())
+            .chain([5, total_label.len()])
             .max()
             .unwrap_or(5);
         let _ = writeln!(
             s,
-            "{:<width$}  {:<9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>12}",
-            "graph", "kind", "nodes", "gathers", "buckets", "releases", "reduces", "peak gathered"
+            "{:<width$}  {:<8} {:>7} {:>7} {:>8} {:>7} {:>13} {:>10} {:>10} {:>6} {:>10}",
+            "graph",
+            "kind",
+            "gathers",
+            "buckets",
+            "releases",
+            "reduces",
+            "peak gathered",
+            "step ms",
+            "bound ms",
+            "ratio",
+            "exposed ms"
         );
-        for r in &self.graphs {
+        let mut line = |name: &str, kind: &str, releases: usize, m: &Summary| {
             let _ = writeln!(
                 s,
-                "{:<width$}  {:<9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>12}",
-                r.graph,
-                r.kind,
-                r.nodes,
-                r.gathers,
-                r.buckets,
-                r.releases,
-                r.reductions,
-                crate::summary::bytes(r.peak_gathered_bytes)
+                "{:<width$}  {:<8} {:>7} {:>7} {:>8} {:>7} {:>13} {:>10.3} {:>10.3} {:>6.3} {:>10.3}",
+                name,
+                kind,
+                m.gathers,
+                m.buckets,
+                releases,
+                m.reductions,
+                crate::summary::bytes(m.peak_gathered_bytes),
+                m.step_ms,
+                m.lower_bound_ms,
+                m.ratio,
+                m.exposed_comm_ms
+            );
+        };
+        for (name, kind, releases, m) in &rows {
+            line(name, kind, *releases, m);
+        }
+        if rows.len() > 1 {
+            line(
+                &total_label,
+                "",
+                self.releases.iter().sum(),
+                &self.simulation.total,
             );
         }
         if !self.kept.is_empty() {

@@ -75,6 +75,11 @@ pub enum PassError {
         pass: &'static str,
         diagnostics: Diagnostics,
     },
+    #[error("after pass `{pass}`, the schedule checker rejects the program:\n{violations}")]
+    Rejected {
+        pass: &'static str,
+        violations: crate::checker::Violations,
+    },
 }
 
 pub trait Pass {
@@ -224,6 +229,19 @@ pub fn run(
                 pass: pass.name(),
                 diagnostics,
             })?;
+            // Once scheduled, every pass's output must also satisfy the independent checker.
+            if facts.contains(&Fact::Scheduled) {
+                let check = crate::checker::CheckOptions {
+                    budget: opts.schedule.budget,
+                    world_size: opts.schedule.world_size,
+                };
+                crate::checker::check_program(p, &check).map_err(|violations| {
+                    PassError::Rejected {
+                        pass: pass.name(),
+                        violations,
+                    }
+                })?;
+            }
         }
         if opts.dump_after.contains(pass.name()) {
             cx.dumps.push((pass.name().to_owned(), p.clone()));

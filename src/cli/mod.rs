@@ -4,6 +4,7 @@
 mod check;
 mod convert;
 mod schedule;
+mod simulate;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -15,7 +16,9 @@ Examples:
   zerosched convert llama.program.json -o llama.zsg      JSON to binary
   zerosched convert llama.zsg -o llama.json.gz           binary to gzip JSON
   zerosched schedule                           schedule the embedded default program
-  zerosched schedule llama.program.json --budget 2GiB --world-size 8 -o scheduled.json";
+  zerosched schedule llama.program.json --budget 2GiB --world-size 8 -o scheduled.json
+  zerosched schedule llama.program.json --scheduler deepcompile --trace trace.json
+  zerosched simulate scheduled.json --report report.json";
 
 #[derive(Parser)]
 #[command(name = "zerosched", version, about = "ZeRO-3 communication scheduling for exported PyTorch training graphs", after_help = EXAMPLES)]
@@ -30,8 +33,10 @@ enum Command {
     Check(check::Args),
     /// Convert between JSON (`.json`, `.json.gz`) and the binary form (`.zsg`).
     Convert(convert::Args),
-    /// Insert the ZeRO-3 ops, schedule them, and print a summary.
+    /// Insert the ZeRO-3 ops, schedule them, check, simulate, and print a summary.
     Schedule(schedule::Args),
+    /// Simulate a graph or program as it stands (two streams: compute, communication).
+    Simulate(simulate::Args),
 }
 
 /// A failure the tool reports: always about the input, so exit code 1.
@@ -43,6 +48,7 @@ pub fn main() -> ExitCode {
         Command::Check(a) => check::run(a),
         Command::Convert(a) => convert::run(a),
         Command::Schedule(a) => schedule::run(a),
+        Command::Simulate(a) => simulate::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

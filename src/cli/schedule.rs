@@ -2,9 +2,12 @@ use super::Failure;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use zerosched::io::{Encoding, encode, write_atomic};
+use zerosched::report::Report;
 use zerosched_passes::cost::CostModel;
 use zerosched_passes::pipeline::{self, PipelineOptions};
 use zerosched_passes::schedule::ScheduleOptions;
+use zerosched_passes::simulate::SimOptions;
+use zerosched_passes::simulate::trace::chrome_trace;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -34,6 +37,9 @@ pub struct Args {
     /// Write the report as JSON.
     #[arg(long)]
     report: Option<PathBuf>,
+    /// Write a Chrome/Perfetto trace of the simulated timeline.
+    #[arg(long)]
+    trace: Option<PathBuf>,
 }
 
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -42,7 +48,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         .map_err(|e| format!("not a byte size: {e}"))
 }
 
-pub fn options(args: &Args) -> Result<PipelineOptions, Failure> {
+fn options(args: &Args) -> Result<PipelineOptions, Failure> {
     let known = pipeline::pass_names();
     for name in args.disable.iter().chain(&args.dump_after) {
         if !known.contains(&name.as_str()) {
@@ -81,11 +87,31 @@ pub fn options(args: &Args) -> Result<PipelineOptions, Failure> {
     })
 }
 
+/// The cost model from a JSON file, or the default.
+pub fn cost_model(path: Option<&std::path::Path>) -> Result<CostModel, Failure> {
+    let Some(path) = path else {
+        return Ok(CostModel::default());
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(CostModel::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?)
+}
+
 pub fn run(args: Args) -> Result<(), Failure> {
     let opts = options(&args)?;
     let (label, mut program) = super::check::input(args.input.as_deref())?;
     let cx = pipeline::run(&pipeline::standard(), &mut program, &opts)?;
-    let report = zerosched::report::Report::new(&label, &program, &cx, &opts);
+    let sim = SimOptions {
+        world_size: opts.schedule.world_size,
+        cost: opts.schedule.cost.clone(),
+    };
+    let report = Report::new(
+        &label,
+        &program,
+        Some(&cx),
+        Some(&opts.scheduler),
+        opts.schedule.budget,
+        &sim,
+    );
     print!("{}", report.table());
     if let Some(path) = &args.output {
         write_atomic(path, &encode(&program, Encoding::from_path(path)))?;
@@ -94,8 +120,29 @@ pub fn run(args: Args) -> Result<(), Failure> {
             write_atomic(&dump, &zerosched_ir::json::export(dumped))?;
         }
     }
-    if let Some(path) = &args.report {
+    write_outputs(
+        &program,
+        &report,
+        args.report.as_deref(),
+        args.trace.as_deref(),
+    )
+}
+
+/// The JSON report and the Chrome trace, where asked for.
+pub fn write_outputs(
+    program: &zerosched_ir::Program,
+    report: &Report,
+    json: Option<&std::path::Path>,
+    trace: Option<&std::path::Path>,
+) -> Result<(), Failure> {
+    if let Some(path) = json {
         write_atomic(path, &report.to_json())?;
+    }
+    if let Some(path) = trace {
+        write_atomic(
+            path,
+            &chrome_trace(&program.graphs, &report.simulation.graphs),
+        )?;
     }
     Ok(())
 }

@@ -417,12 +417,15 @@ impl<'a> Walk<'a> {
                 _ => Collective::ReduceScatter,
             };
             let start = self.t_compute.max(self.t_comm);
-            self.t_comm = start + self.opts.cost.collective_ms(kind, bytes, self.opts.world_size);
+            self.t_comm = start
+                + self
+                    .opts
+                    .cost
+                    .collective_ms(kind, bytes, self.opts.world_size);
             self.end_of[r] = self.t_comm;
             self.emit(r);
         }
     }
-
 
     /// Places `node` after everything it needs that is not yet placed (deferred nodes, and a
     /// gather not yet issued), depth first, without recursion.
