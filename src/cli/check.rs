@@ -1,29 +1,50 @@
 use super::Failure;
 use std::path::PathBuf;
+use zerosched_passes::checker::{CheckOptions, check_program};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Graph or program (`.json`, `.json.gz`, `.zsg`); the embedded default program if omitted.
     file: Option<PathBuf>,
+    /// For a scheduled program: the gathered-memory budget the schedule must respect.
+    #[arg(long, value_parser = super::schedule::parse_bytes)]
+    budget: Option<u64>,
+    /// For a scheduled program: ranks the parameters are sharded over (sizes gathered buffers).
+    #[arg(long, default_value_t = 8)]
+    world_size: u32,
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
     let (label, program) = input(args.file.as_deref())?;
     println!("{label}: ok");
     print!("{}", zerosched::summary::table(&program));
+    let scheduled = program
+        .graphs
+        .iter()
+        .any(|g| g.nodes().any(|(_, n)| zerosched_ir::comm::CommOp::of(n).is_some()));
+    if scheduled {
+        let opts = CheckOptions { budget: args.budget.unwrap_or(u64::MAX), world_size: args.world_size };
+        let reports = check_program(&program, &opts).map_err(|v| format!("{label}: the schedule checker rejects it:\n{v}"))?;
+        for r in reports {
+            println!(
+                "schedule of {}: ok ({} gathers, {} reuses, {} releases, {} keeps, {} reductions, peak gathered {})",
+                r.graph,
+                r.gathers,
+                r.reuses,
+                r.releases,
+                r.keeps,
+                r.reductions,
+                zerosched::summary::bytes(r.peak_gathered)
+            );
+        }
+    }
     Ok(())
 }
 
 /// The named file, or the program embedded in the binary.
 pub fn input(file: Option<&std::path::Path>) -> Result<(String, zerosched_ir::Program), Failure> {
     match file {
-        Some(path) => Ok((
-            path.display().to_string(),
-            zerosched::io::read_program(path)?,
-        )),
-        None => Ok((
-            "<embedded default>".to_owned(),
-            zerosched::default_program::load()?,
-        )),
+        Some(path) => Ok((path.display().to_string(), zerosched::io::read_program(path)?)),
+        None => Ok(("<embedded default>".to_owned(), zerosched::default_program::load()?)),
     }
 }
