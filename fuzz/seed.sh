@@ -15,3 +15,6 @@ for f in $(find tests/fixtures tests/import_errors -name '*.json' | sort); do
     target/debug/zerosched convert "$f" -o "fuzz/corpus/import_binary/${seed%.json}.zsg" --to binary 2>/dev/null || true
 done
 echo "import_json seeds: $(ls fuzz/corpus/import_json | wc -l), import_binary seeds: $(ls fuzz/corpus/import_binary | wc -l)"
+# Generated ZeRO-3-like programs (zerosched_ir::testing), small, in both encodings.
+cargo test --quiet -p zerosched-ir --test roundtrip -- --ignored write_fuzz_seeds >/dev/null
+echo "with generated seeds: import_json $(ls fuzz/corpus/import_json | wc -l), import_binary $(ls fuzz/corpus/import_binary | wc -l)"

@@ -63,6 +63,18 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
             .map(|(i, a)| (format!("args[{i}]"), a))
             .chain(n.kwargs.iter().map(|(k, a)| (format!("kwargs.{k}"), a)));
         for (field, a) in fields {
+            let depth = a.depth();
+            if depth > crate::arg::MAX_DEPTH {
+                d.push(
+                    Location::field(label, &n.name, &field),
+                    Problem::BadValue {
+                        message: format!(
+                            "ARG nested {depth} levels deep; at most {} are allowed",
+                            crate::arg::MAX_DEPTH
+                        ),
+                    },
+                );
+            }
             let mut refs: Vec<NodeId> = Vec::new();
             a.for_each_ref(&mut |r| refs.push(*r));
             for r in refs {
@@ -85,6 +97,11 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
                     );
                 }
             }
+        }
+        if let Some(v) = &n.meta.val {
+            check_dims(v, &mut |f, p| {
+                d.push(Location::field(label, &n.name, format!("meta.val{f}")), p)
+            });
         }
         if n.meta.val.as_ref().is_some_and(|v| v.nbytes().is_none()) {
             d.push(
@@ -157,6 +174,14 @@ fn check_params(g: &Graph, d: &mut Diagnostics) {
         if p.nbytes().is_none() {
             d.push(at(), Problem::SizeOverflow);
         }
+        for (j, dim) in p.shape.iter().enumerate() {
+            if let Some(problem) = negative_hint(dim) {
+                d.push(
+                    Location::graph_field(label, format!("params[{i}].shape[{j}]")),
+                    problem,
+                );
+            }
+        }
         let Some(node) = g.get(p.node) else {
             d.push(
                 at(),
@@ -197,6 +222,54 @@ fn check_params(g: &Graph, d: &mut Diagnostics) {
                         val: describe(&t.shape, t.dtype),
                     },
                 );
+            }
+        }
+    }
+}
+
+/// A size with a negative hint: the JSON importer refuses them while reading; this catches
+/// them from the binary form and from passes.
+fn negative_hint(dim: &crate::Dim) -> Option<Problem> {
+    match dim {
+        crate::Dim::Sym(s) if s.hint < 0 => Some(Problem::BadShape {
+            value: format!("{{\"sym\":{:?},\"hint\":{}}}", s.expr, s.hint),
+        }),
+        _ => None,
+    }
+}
+
+/// Every shape, stride and offset entry of a value, reported at its path under `meta.val`.
+fn check_dims(v: &Val, report: &mut impl FnMut(String, Problem)) {
+    let tensors: Vec<(String, &crate::TensorMeta)> = match v {
+        Val::Tensor(t) => vec![(String::new(), t)],
+        Val::Tuple(items) => items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| t.as_ref().map(|t| (format!("[{i}]"), t)))
+            .collect(),
+        _ => vec![],
+    };
+    for (at, t) in tensors {
+        let dims = t
+            .shape
+            .iter()
+            .enumerate()
+            .map(|(j, dim)| (format!("{at}.shape[{j}]"), dim))
+            .chain(
+                t.stride
+                    .iter()
+                    .flatten()
+                    .enumerate()
+                    .map(|(j, dim)| (format!("{at}.stride[{j}]"), dim)),
+            )
+            .chain(
+                t.storage_offset
+                    .iter()
+                    .map(|dim| (format!("{at}.storage_offset"), dim)),
+            );
+        for (field, dim) in dims {
+            if let Some(p) = negative_hint(dim) {
+                report(field, p);
             }
         }
     }
