@@ -62,6 +62,17 @@ impl<R> Arg<R> {
     /// SYMs), plus 1 per enclosing list and 2 per enclosing slice (an object holding an array).
     /// Iterative, so any depth can be measured.
     pub fn depth(&self) -> usize {
+        match self {
+            Arg::List(items) if items.iter().all(Arg::is_flat) => {
+                return 1 + items.iter().map(Arg::depth).max().unwrap_or(0);
+            }
+            Arg::List(_) | Arg::Slice(_) => {}
+            Arg::Float(x) if x.is_finite() => return 0,
+            Arg::None | Arg::Bool(_) | Arg::Int(_) | Arg::Float(_) | Arg::Str(_) => {
+                return usize::from(matches!(self, Arg::Float(_)));
+            }
+            _ => return 1,
+        }
         let mut deepest = 0;
         let mut stack = vec![(self, 0usize)];
         while let Some((a, above)) = stack.pop() {
@@ -81,6 +92,11 @@ impl<R> Arg<R> {
             deepest = deepest.max(here);
         }
         deepest
+    }
+
+    /// Not a list or slice.
+    fn is_flat(&self) -> bool {
+        !matches!(self, Arg::List(_) | Arg::Slice(_))
     }
 
     /// Calls `f` on every node reference, depth first, left to right.

@@ -171,8 +171,11 @@ pub fn literal_arg(depth: u32) -> BoxedStrategy<Arg<NodeId>> {
         float().prop_map(Arg::Float),
         text().prop_map(Arg::Str),
         dtype().prop_map(Arg::Dtype),
-        prop_oneof![Just("cpu".to_owned()), (0u8..8).prop_map(|i| format!("cuda:{i}"))]
-            .prop_map(Arg::Device),
+        prop_oneof![
+            Just("cpu".to_owned()),
+            (0u8..8).prop_map(|i| format!("cuda:{i}"))
+        ]
+        .prop_map(Arg::Device),
         prop_oneof![Just("strided"), Just("sparse_coo")].prop_map(|s| Arg::Layout(s.into())),
         prop_oneof![Just("contiguous_format"), Just("channels_last")]
             .prop_map(|s| Arg::MemoryFormat(s.into())),
@@ -365,10 +368,7 @@ fn shape_strategy(cfg: &Config) -> BoxedStrategy<Shape> {
 }
 
 fn graph_recipe(cfg: &Config) -> BoxedStrategy<GraphRecipe> {
-    (
-        vec(block(cfg), 1..=cfg.max_blocks.max(1)),
-        any::<bool>(),
-    )
+    (vec(block(cfg), 1..=cfg.max_blocks.max(1)), any::<bool>())
         .prop_map(|(blocks, return_input)| GraphRecipe {
             blocks,
             tied: None,
@@ -491,6 +491,8 @@ struct Builder<'s> {
     /// Distinguishes parameter names across the graphs of one program.
     prefix: String,
     layer: usize,
+    /// Next suffix per base name, so that naming stays linear in large graphs.
+    suffixes: std::collections::HashMap<String, u64>,
 }
 
 impl<'s> Builder<'s> {
@@ -503,6 +505,7 @@ impl<'s> Builder<'s> {
             params: Vec::new(),
             prefix,
             layer: 0,
+            suffixes: Default::default(),
         }
     }
 
@@ -514,11 +517,26 @@ impl<'s> Builder<'s> {
     }
 
     fn tensor(&self, shape: Vec<u64>) -> TensorMeta {
-        TensorMeta::new(shape.into_iter().map(Dim::Const).collect(), self.shape.dtype)
+        TensorMeta::new(
+            shape.into_iter().map(Dim::Const).collect(),
+            self.shape.dtype,
+        )
     }
 
     fn push(&mut self, mut node: Node) -> NodeId {
-        node.name = self.g.fresh_name(&node.name);
+        // FX's scheme: `mm`, `mm_1`, `mm_2`, ... skipping names already taken.
+        let next = self.suffixes.entry(node.name.clone()).or_insert(0);
+        loop {
+            let name = match *next {
+                0 => node.name.clone(),
+                i => format!("{}_{i}", node.name),
+            };
+            *next += 1;
+            if self.g.node_by_name(&name).is_none() {
+                node.name = name;
+                break;
+            }
+        }
         let placeholder = node.op == Op::Placeholder;
         let id = self.g.push(node).expect("builder nodes are valid");
         if placeholder {
@@ -527,7 +545,13 @@ impl<'s> Builder<'s> {
         id
     }
 
-    fn call(&mut self, name: &str, target: &str, args: Vec<Arg<NodeId>>, val: TensorMeta) -> NodeId {
+    fn call(
+        &mut self,
+        name: &str,
+        target: &str,
+        args: Vec<Arg<NodeId>>,
+        val: TensorMeta,
+    ) -> NodeId {
         let mut n = Node::call(name, target, args);
         n.meta.val = Some(Val::Tensor(val));
         self.push(n)
@@ -629,7 +653,12 @@ fn build_forward(
     if let Some(tied) = &recipe.tied {
         let w = b.param(Some(tied.clone()), vec![h, h], false);
         let act = b.act();
-        x = b.call("mm", "aten.mm.default", vec![Arg::Node(x), Arg::Node(w)], act);
+        x = b.call(
+            "mm",
+            "aten.mm.default",
+            vec![Arg::Node(x), Arg::Node(w)],
+            act,
+        );
     }
     for blk in &recipe.blocks {
         x = build_block(&mut b, blk, x);
@@ -658,29 +687,55 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                 Val::Tensor(t)
             };
             let out = match spec.via {
-                Via::Direct => {
-                    b.call("mm", "aten.mm.default", vec![Arg::Node(x), Arg::Node(w)], act)
-                }
+                Via::Direct => b.call(
+                    "mm",
+                    "aten.mm.default",
+                    vec![Arg::Node(x), Arg::Node(w)],
+                    act,
+                ),
                 Via::T => {
                     let v = t_val(b);
                     let t = b.view("t", "aten.t.default", vec![Arg::Node(w)], v, rec);
-                    b.call("mm", "aten.mm.default", vec![Arg::Node(x), Arg::Node(t)], act)
+                    b.call(
+                        "mm",
+                        "aten.mm.default",
+                        vec![Arg::Node(x), Arg::Node(t)],
+                        act,
+                    )
                 }
                 Via::ViewT => {
                     let sizes = Arg::List(vec![Arg::Int(h as i64), Arg::Int(h as i64)]);
                     let v = Val::Tensor(b.tensor(vec![h, h]));
-                    let view = b.view("view", "aten.view.default", vec![Arg::Node(w), sizes], v, rec);
+                    let view = b.view(
+                        "view",
+                        "aten.view.default",
+                        vec![Arg::Node(w), sizes],
+                        v,
+                        rec,
+                    );
                     let v = t_val(b);
                     let t = b.view("t", "aten.t.default", vec![Arg::Node(view)], v, !rec);
-                    b.call("mm", "aten.mm.default", vec![Arg::Node(x), Arg::Node(t)], act)
+                    b.call(
+                        "mm",
+                        "aten.mm.default",
+                        vec![Arg::Node(x), Arg::Node(t)],
+                        act,
+                    )
                 }
                 Via::Split(k) => {
                     let k = u64::from(k);
                     let chunk = h / k;
                     let sizes: Vec<u64> = (0..k)
-                        .map(|i| if i + 1 == k { h - chunk * (k - 1) } else { chunk })
+                        .map(|i| {
+                            if i + 1 == k {
+                                h - chunk * (k - 1)
+                            } else {
+                                chunk
+                            }
+                        })
                         .collect();
-                    let val = Val::Tuple(sizes.iter().map(|&s| Some(b.tensor(vec![s, h]))).collect());
+                    let val =
+                        Val::Tuple(sizes.iter().map(|&s| Some(b.tensor(vec![s, h]))).collect());
                     let split = b.view(
                         "split",
                         "aten.split.Tensor",
@@ -703,10 +758,20 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                         let mut part = act.clone();
                         part.shape[1] = Dim::Const(s);
                         part.stride = None;
-                        let mm = b.call("mm", "aten.mm.default", vec![Arg::Node(x), Arg::Node(t)], part);
+                        let mm = b.call(
+                            "mm",
+                            "aten.mm.default",
+                            vec![Arg::Node(x), Arg::Node(t)],
+                            part,
+                        );
                         parts.push(Arg::Node(mm));
                     }
-                    b.call("cat", "aten.cat.default", vec![Arg::List(parts), Arg::Int(1)], act)
+                    b.call(
+                        "cat",
+                        "aten.cat.default",
+                        vec![Arg::List(parts), Arg::Int(1)],
+                        act,
+                    )
                 }
             };
             if let Some(t) = spec.time {
@@ -747,18 +812,40 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
             let rw = b.param(None, vec![e, h], false);
             let mut rt = b.tensor(vec![h, e]);
             rt.stride = Some(vec![Dim::Const(1), Dim::Const(h)]);
-            let rt = b.view("t", "aten.t.default", vec![Arg::Node(rw)], Val::Tensor(rt), *record_aliases);
+            let rt = b.view(
+                "t",
+                "aten.t.default",
+                vec![Arg::Node(rw)],
+                Val::Tensor(rt),
+                *record_aliases,
+            );
             let mut logits = act.clone();
             logits.shape[1] = Dim::Const(e);
             logits.stride = None;
-            let router = b.call("mm", "aten.mm.default", vec![Arg::Node(x), Arg::Node(rt)], logits.clone());
+            let router = b.call(
+                "mm",
+                "aten.mm.default",
+                vec![Arg::Node(x), Arg::Node(rt)],
+                logits.clone(),
+            );
             let mut branches = Vec::new();
             for i in 0..e {
                 let w = b.param(None, vec![h, h], false);
                 let mut tv = b.tensor(vec![h, h]);
                 tv.stride = Some(vec![Dim::Const(1), Dim::Const(h)]);
-                let t = b.view("t", "aten.t.default", vec![Arg::Node(w)], Val::Tensor(tv), *record_aliases);
-                let hmm = b.call("mm", "aten.mm.default", vec![Arg::Node(x), Arg::Node(t)], act.clone());
+                let t = b.view(
+                    "t",
+                    "aten.t.default",
+                    vec![Arg::Node(w)],
+                    Val::Tensor(tv),
+                    *record_aliases,
+                );
+                let hmm = b.call(
+                    "mm",
+                    "aten.mm.default",
+                    vec![Arg::Node(x), Arg::Node(t)],
+                    act.clone(),
+                );
                 let mut gate = logits.clone();
                 gate.shape[1] = Dim::Const(1);
                 let gate = b.view(
@@ -773,13 +860,23 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                     Val::Tensor(gate),
                     *record_aliases,
                 );
-                let y = b.call("mul", "aten.mul.Tensor", vec![Arg::Node(hmm), Arg::Node(gate)], act.clone());
+                let y = b.call(
+                    "mul",
+                    "aten.mul.Tensor",
+                    vec![Arg::Node(hmm), Arg::Node(gate)],
+                    act.clone(),
+                );
                 branches.push(Arg::Node(y));
             }
             let mut stacked = act.clone();
             stacked.shape.insert(0, Dim::Const(e));
             stacked.stride = None;
-            let st = b.call("stack", "aten.stack.default", vec![Arg::List(branches)], stacked);
+            let st = b.call(
+                "stack",
+                "aten.stack.default",
+                vec![Arg::List(branches)],
+                stacked,
+            );
             b.call(
                 "sum",
                 "aten.sum.dim_IntList",
@@ -822,15 +919,30 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                 Val::Tensor(stat),
                 false,
             );
-            let centered = b.call("sub", "aten.sub.Tensor", vec![Arg::Node(x), Arg::Node(g1)], act.clone());
+            let centered = b.call(
+                "sub",
+                "aten.sub.Tensor",
+                vec![Arg::Node(x), Arg::Node(g1)],
+                act.clone(),
+            );
             if *use_second {
-                b.call("mul", "aten.mul.Tensor", vec![Arg::Node(centered), Arg::Node(g0)], act)
+                b.call(
+                    "mul",
+                    "aten.mul.Tensor",
+                    vec![Arg::Node(centered), Arg::Node(g0)],
+                    act,
+                )
             } else {
                 centered
             }
         }
         Block::InPlace => {
-            let c = b.call("clone", "aten.clone.default", vec![Arg::Node(x)], act.clone());
+            let c = b.call(
+                "clone",
+                "aten.clone.default",
+                vec![Arg::Node(x)],
+                act.clone(),
+            );
             let mut n = Node::call("add_", "aten.add_.Tensor", vec![Arg::Node(c), Arg::Node(x)]);
             n.meta.val = Some(Val::Tensor(act));
             n.meta.aliases = Some(vec![0]);
@@ -841,7 +953,12 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
             let w = b.param(None, vec![h, h], false);
             b.outputs.push(Arg::Node(w));
             if *also_used {
-                b.call("mm", "aten.mm.default", vec![Arg::Node(x), Arg::Node(w)], act)
+                b.call(
+                    "mm",
+                    "aten.mm.default",
+                    vec![Arg::Node(x), Arg::Node(w)],
+                    act,
+                )
             } else {
                 x
             }
@@ -858,7 +975,12 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
             };
             n.meta.val = Some(Val::Tensor(b.tensor(vec![h])));
             let c = b.push(n);
-            b.call("add", "aten.add.Tensor", vec![Arg::Node(x), Arg::Node(c)], act)
+            b.call(
+                "add",
+                "aten.add.Tensor",
+                vec![Arg::Node(x), Arg::Node(c)],
+                act,
+            )
         }
         Block::Literals(args) => {
             let mut all = vec![Arg::Node(x)];
@@ -873,13 +995,21 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
             n.meta.val = Some(Val::Tensor(act));
             let y = b.push(n);
             // A scalar-valued node next to it: `meta.val` as a SYM, an int or a float.
-            let mut s = Node::call("sym_size", "aten.sym_size.int", vec![Arg::Node(y), Arg::Int(0)]);
+            let mut s = Node::call(
+                "sym_size",
+                "aten.sym_size.int",
+                vec![Arg::Node(y), Arg::Int(0)],
+            );
             s.meta.val = Some(match &b.shape.batch {
                 Dim::Sym(sym) => Val::Sym(sym.clone()),
                 Dim::Const(c) => Val::Int(*c as i64),
             });
             let _ = b.push(s);
-            let mut f = Node::call("item", "aten._local_scalar_dense.default", vec![Arg::Node(y)]);
+            let mut f = Node::call(
+                "item",
+                "aten._local_scalar_dense.default",
+                vec![Arg::Node(y)],
+            );
             f.meta.val = Some(Val::Float(f64::NAN));
             let _ = b.push(f);
             y
@@ -916,14 +1046,30 @@ fn build_backward(shape: &Shape, params: &[Param], seed: u64, all_grads: bool) -
         let dims: Vec<u64> = p.shape.iter().map(Dim::hint).collect();
         // The input gradient reads the (re-gathered) weight.
         if dims.len() == 2 && dims[0] == shape.hidden && dims[1] == shape.hidden {
-            dx = b.call("mm", "aten.mm.default", vec![Arg::Node(dx), Arg::Node(w)], act.clone());
+            dx = b.call(
+                "mm",
+                "aten.mm.default",
+                vec![Arg::Node(dx), Arg::Node(w)],
+                act.clone(),
+            );
         }
         let mut tv = act.clone();
         tv.shape.swap(0, 1);
         tv.stride = Some(vec![Dim::Const(1), Dim::Const(shape.hidden)]);
-        let tt = b.view("t", "aten.t.default", vec![Arg::Node(dx)], Val::Tensor(tv), next() % 2 == 0);
+        let tt = b.view(
+            "t",
+            "aten.t.default",
+            vec![Arg::Node(dx)],
+            Val::Tensor(tv),
+            next() % 2 == 0,
+        );
         let gval = b.tensor(dims);
-        let g = b.call("mm", "aten.mm.default", vec![Arg::Node(tt), Arg::Node(saved)], gval);
+        let g = b.call(
+            "mm",
+            "aten.mm.default",
+            vec![Arg::Node(tt), Arg::Node(saved)],
+            gval,
+        );
         if all_grads || next() % 5 != 0 {
             slots.push(Some((i, g)));
         }

@@ -56,17 +56,20 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
                 );
             }
         }
-        let fields = n
-            .args
-            .iter()
-            .enumerate()
-            .map(|(i, a)| (format!("args[{i}]"), a))
-            .chain(n.kwargs.iter().map(|(k, a)| (format!("kwargs.{k}"), a)));
-        for (field, a) in fields {
+        // Field names are built only for a diagnostic: this loop runs for every argument.
+        let field_of = |i: usize| match i.checked_sub(n.args.len()) {
+            None => format!("args[{i}]"),
+            Some(k) => format!(
+                "kwargs.{}",
+                n.kwargs.keys().nth(k).map_or("", |k| k.as_str())
+            ),
+        };
+        let mut refs: Vec<NodeId> = Vec::new();
+        for (fi, a) in n.args.iter().chain(n.kwargs.values()).enumerate() {
             let depth = a.depth();
             if depth > crate::arg::MAX_DEPTH {
                 d.push(
-                    Location::field(label, &n.name, &field),
+                    Location::field(label, &n.name, field_of(fi)),
                     Problem::BadValue {
                         message: format!(
                             "ARG nested {depth} levels deep; at most {} are allowed",
@@ -75,13 +78,13 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
                     },
                 );
             }
-            let mut refs: Vec<NodeId> = Vec::new();
+            refs.clear();
             a.for_each_ref(&mut |r| refs.push(*r));
-            for r in refs {
+            for &r in &refs {
                 let target = g.node(r);
                 if target.op == Op::Output {
                     d.push(
-                        Location::field(label, &n.name, &field),
+                        Location::field(label, &n.name, field_of(fi)),
                         Problem::RefToOutput {
                             target: target.name.clone(),
                         },
@@ -90,7 +93,7 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
                 if pos[r] >= here {
                     forward_refs = true;
                     d.push(
-                        Location::field(label, &n.name, &field),
+                        Location::field(label, &n.name, field_of(fi)),
                         Problem::LaterRef {
                             target: target.name.clone(),
                         },
@@ -239,39 +242,35 @@ fn negative_hint(dim: &crate::Dim) -> Option<Problem> {
 }
 
 /// Every shape, stride and offset entry of a value, reported at its path under `meta.val`.
+/// Paths are built only for a diagnostic: this runs for every node.
 fn check_dims(v: &Val, report: &mut impl FnMut(String, Problem)) {
-    let tensors: Vec<(String, &crate::TensorMeta)> = match v {
-        Val::Tensor(t) => vec![(String::new(), t)],
-        Val::Tuple(items) => items
-            .iter()
-            .enumerate()
-            .filter_map(|(i, t)| t.as_ref().map(|t| (format!("[{i}]"), t)))
-            .collect(),
-        _ => vec![],
-    };
-    for (at, t) in tensors {
-        let dims = t
-            .shape
-            .iter()
-            .enumerate()
-            .map(|(j, dim)| (format!("{at}.shape[{j}]"), dim))
-            .chain(
-                t.stride
-                    .iter()
-                    .flatten()
-                    .enumerate()
-                    .map(|(j, dim)| (format!("{at}.stride[{j}]"), dim)),
-            )
-            .chain(
-                t.storage_offset
-                    .iter()
-                    .map(|dim| (format!("{at}.storage_offset"), dim)),
-            );
-        for (field, dim) in dims {
+    let one = |at: &dyn Fn() -> String,
+               t: &crate::TensorMeta,
+               report: &mut dyn FnMut(String, Problem)| {
+        for (j, dim) in t.shape.iter().enumerate() {
             if let Some(p) = negative_hint(dim) {
-                report(field, p);
+                report(format!("{}.shape[{j}]", at()), p);
             }
         }
+        for (j, dim) in t.stride.iter().flatten().enumerate() {
+            if let Some(p) = negative_hint(dim) {
+                report(format!("{}.stride[{j}]", at()), p);
+            }
+        }
+        if let Some(p) = t.storage_offset.as_ref().and_then(negative_hint) {
+            report(format!("{}.storage_offset", at()), p);
+        }
+    };
+    match v {
+        Val::Tensor(t) => one(&String::new, t, report),
+        Val::Tuple(items) => {
+            for (i, t) in items.iter().enumerate() {
+                if let Some(t) = t {
+                    one(&|| format!("[{i}]"), t, report);
+                }
+            }
+        }
+        _ => {}
     }
 }
 

@@ -21,7 +21,9 @@ fn fixed_point(doc: &[u8]) {
 /// Fixed by enabling serde_json's `float_roundtrip`.
 #[test]
 fn big_integer_literal_float_round_trips() {
-    fixed_point(include_bytes!("regressions/float_roundtrip_big_integer_literal.json"));
+    fixed_point(include_bytes!(
+        "regressions/float_roundtrip_big_integer_literal.json"
+    ));
 }
 
 /// Found by the round-trip property test: `device_time_ms` 1.8628408660317017 came back as
@@ -33,7 +35,10 @@ fn device_time_round_trips_exactly() {
     let id = g.order()[1];
     g.meta_mut(id).device_time_ms = Some(1.8628408660317017);
     let q = json::import(&json::export(&p)).unwrap();
-    assert_eq!(q.graphs[0].node(q.graphs[0].order()[1]).meta.device_time_ms, Some(1.8628408660317017));
+    assert_eq!(
+        q.graphs[0].node(q.graphs[0].order()[1]).meta.device_time_ms,
+        Some(1.8628408660317017)
+    );
 }
 
 /// Found by the round-trip property test: a node whose only metadata was a value JSON cannot
@@ -50,7 +55,10 @@ fn unspellable_meta_is_dropped_entirely() {
     g.meta_mut(b).device_time_ms = Some(f64::INFINITY);
     let doc = json::export(&p);
     let text = String::from_utf8_lossy(&doc);
-    assert!(!text.contains("\"val\":null") && !text.contains("\"meta\":{}"), "{text}");
+    assert!(
+        !text.contains("\"val\":null") && !text.contains("\"meta\":{}"),
+        "{text}"
+    );
     fixed_point(&doc);
 }
 
@@ -112,11 +120,8 @@ fn arg_depth_limit_agrees_between_encodings() {
     assert_eq!(binary::export(&back), binary::export(&ok));
     // One more level: both refuse.
     assert!(binary::import(&splice_arg(&p, "MARKER", &nested_lists(limit + 1))).is_err());
-    let deep = String::from_utf8_lossy(&doc).replacen(
-        &"[".repeat(limit),
-        &"[".repeat(limit + 1),
-        1,
-    );
+    let deep =
+        String::from_utf8_lossy(&doc).replacen(&"[".repeat(limit), &"[".repeat(limit + 1), 1);
     let deep = deep.replacen(&"]".repeat(limit), &"]".repeat(limit + 1), 1);
     let err = json::import(deep.as_bytes()).expect_err("one level deeper is refused");
     assert!(err.to_string().contains("nested"), "{err}");
