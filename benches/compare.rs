@@ -16,7 +16,8 @@ const PROGRAMS: &[&str] = &["llama70b_l8", "llama70b_l80", "mixtral8x7b_l24"];
 const WORLD: u32 = 8;
 
 fn load(name: &str) -> Option<(Vec<u8>, Program)> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("benches/data/{name}.program.json.gz"));
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("benches/data/{name}.program.json.gz"));
     let bytes = zerosched::io::read_bytes(&path).ok()?;
     let p = zerosched_ir::import(&bytes).ok()?;
     Some((bytes, p))
@@ -28,16 +29,24 @@ fn median(mut xs: Vec<Duration>) -> Duration {
 }
 
 fn time<F: FnMut()>(reps: usize, mut f: F) -> Duration {
-    median((0..reps).map(|_| {
-        let t = Instant::now();
-        f();
-        t.elapsed()
-    }).collect())
+    median(
+        (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed()
+            })
+            .collect(),
+    )
 }
 
 fn opts(scheduler: &str, budget: u64) -> PipelineOptions {
     PipelineOptions {
-        schedule: ScheduleOptions { budget, world_size: WORLD, ..ScheduleOptions::default() },
+        schedule: ScheduleOptions {
+            budget,
+            world_size: WORLD,
+            ..ScheduleOptions::default()
+        },
         scheduler: scheduler.to_owned(),
         verify: false,
         ..PipelineOptions::default()
@@ -47,9 +56,14 @@ fn opts(scheduler: &str, budget: u64) -> PipelineOptions {
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let reps = if quick { 1 } else { 5 };
-    println!("machine: {} cores; medians of {reps} runs\n", std::thread::available_parallelism().map_or(0, |n| n.get()));
+    println!(
+        "machine: {} cores; medians of {reps} runs\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
     println!("## Schedule quality (simulated, world size {WORLD}, default H200 cost model)\n");
-    println!("| program | budget | scheduler | step ms | lower bound ms | step / bound | exposed comm ms | peak gathered GiB |");
+    println!(
+        "| program | budget | scheduler | step ms | lower bound ms | step / bound | exposed comm ms | peak gathered GiB |"
+    );
     println!("|---|---|---|---|---|---|---|---|");
     let mut timing = Vec::new();
     for &name in PROGRAMS {
@@ -65,7 +79,13 @@ fn main() {
                 o.verify = true;
                 match pipeline::run(&pipeline::standard(), &mut p, &o) {
                     Ok(_) => {
-                        let sim = simulate_program(&p, &SimOptions { world_size: WORLD, cost: o.schedule.cost.clone() });
+                        let sim = simulate_program(
+                            &p,
+                            &SimOptions {
+                                world_size: WORLD,
+                                cost: o.schedule.cost.clone(),
+                            },
+                        );
                         let t = &sim.total;
                         println!(
                             "| {name} | {layers} layer{} | {s} | {:.1} | {:.1} | {:.3} | {:.1} | {:.2} |",
@@ -77,7 +97,10 @@ fn main() {
                             t.peak_gathered_bytes as f64 / (1u64 << 30) as f64
                         );
                     }
-                    Err(e) => println!("| {name} | {layers} layers | {s} | error: {} | | | | |", e.to_string().lines().next().unwrap_or("")),
+                    Err(e) => println!(
+                        "| {name} | {layers} layers | {s} | error: {} | | | | |",
+                        e.to_string().lines().next().unwrap_or("")
+                    ),
                 }
             }
         }
@@ -94,39 +117,71 @@ fn main() {
             .filter_map(|&s| {
                 let sched = by_name(s)?;
                 let o = opts(s, 2 * layer).schedule;
-                let d = time(if s == "deepcompile" { reps.min(3) } else { reps }, || {
-                    for g in &inserted.graphs {
-                        let mut g = g.clone();
-                        let _ = sched.schedule(&mut g, &o);
-                    }
-                });
+                let d = time(
+                    if s == "deepcompile" {
+                        reps.min(3)
+                    } else {
+                        reps
+                    },
+                    || {
+                        for g in &inserted.graphs {
+                            let mut g = g.clone();
+                            let _ = sched.schedule(&mut g, &o);
+                        }
+                    },
+                );
                 Some((s, d))
             })
             .collect();
         let whole = time(reps, || {
             if let Ok(mut p) = zerosched_ir::import(&bytes) {
                 let _ = pipeline::run(&pipeline::standard(), &mut p, &opts("prefetch", 2 * layer));
-                let _ = zerosched_passes::checker::check_program(&p, &zerosched_passes::checker::CheckOptions { budget: 2 * layer, world_size: WORLD });
+                let _ = zerosched_passes::checker::check_program(
+                    &p,
+                    &zerosched_passes::checker::CheckOptions {
+                        budget: 2 * layer,
+                        world_size: WORLD,
+                    },
+                );
                 std::hint::black_box(zerosched_ir::json::export(&p));
             }
         });
         timing.push((name, nodes, per, whole));
     }
     println!("\n## Time (2-layer budget)\n");
-    println!("| program | nodes after insertion | scheduler | schedule time | whole pipeline (import, insert, schedule, keep, check, export) |");
+    println!(
+        "| program | nodes after insertion | scheduler | schedule time | whole pipeline (import, insert, schedule, keep, check, export) |"
+    );
     println!("|---|---|---|---|---|");
     for (name, nodes, per, whole) in &timing {
         for (s, d) in per {
-            let w = if *s == "prefetch" { format!("{:.1} ms", whole.as_secs_f64() * 1e3) } else { String::new() };
-            println!("| {name} | {nodes} | {s} | {:.2} ms | {w} |", d.as_secs_f64() * 1e3);
+            let w = if *s == "prefetch" {
+                format!("{:.1} ms", whole.as_secs_f64() * 1e3)
+            } else {
+                String::new()
+            };
+            println!(
+                "| {name} | {nodes} | {s} | {:.2} ms | {w} |",
+                d.as_secs_f64() * 1e3
+            );
         }
-        let get = |n: &str| per.iter().find(|(s, _)| *s == n).map(|(_, d)| d.as_secs_f64());
+        let get = |n: &str| {
+            per.iter()
+                .find(|(s, _)| *s == n)
+                .map(|(_, d)| d.as_secs_f64())
+        };
         if let (Some(dc), Some(ours)) = (get("deepcompile"), get("prefetch")) {
-            println!("| {name} | | deepcompile / prefetch | {:.0}× | |", dc / ours);
+            println!(
+                "| {name} | | deepcompile / prefetch | {:.0}× | |",
+                dc / ours
+            );
         }
     }
     let whole = |n: &str| timing.iter().find(|t| t.0 == n).map(|t| t.3.as_secs_f64());
     if let (Some(l8), Some(l80)) = (whole("llama70b_l8"), whole("llama70b_l80")) {
-        println!("\nwhole pipeline, 80 layers over 8 layers: {:.1}×", l80 / l8);
+        println!(
+            "\nwhole pipeline, 80 layers over 8 layers: {:.1}×",
+            l80 / l8
+        );
     }
 }

@@ -5,9 +5,19 @@
 //! all three keeps the encodings from drifting apart.
 
 use crate::{Dtype, SymInt};
-use bincode::{Decode, Encode};
+use bincode::de::{BorrowDecoder, Decoder};
+use bincode::error::{AllowedEnumVariants, DecodeError};
+use bincode::{BorrowDecode, Decode, Encode};
+use std::cell::Cell;
 
-#[derive(Clone, Debug, Encode, Decode)]
+/// The deepest ARG either encoding accepts, in JSON nesting levels ([`Arg::depth`]). Well
+/// inside serde_json's recursion limit even in a bundle, so that whatever one encoding accepts
+/// the other can carry; and it bounds every recursive walk over an ARG.
+pub const MAX_DEPTH: usize = 64;
+
+/// `Decode` is written out (see the impl below) to bound nesting; the wire format is exactly
+/// what `#[derive(Decode)]` reads: a `u32` variant index in declaration order, then the fields.
+#[derive(Clone, Debug, Encode)]
 pub enum Arg<R> {
     None,
     Bool(bool),
@@ -47,6 +57,48 @@ impl<R: PartialEq> PartialEq for Arg<R> {
 }
 
 impl<R> Arg<R> {
+    /// How deeply the JSON spelling of this ARG nests objects and arrays: 0 for a plain
+    /// literal, 1 for a one-key object (`{"node": ..}`, `{"dtype": ..}`, non-finite floats,
+    /// SYMs), plus 1 per enclosing list and 2 per enclosing slice (an object holding an array).
+    /// Iterative, so any depth can be measured.
+    pub fn depth(&self) -> usize {
+        match self {
+            Arg::List(items) if items.iter().all(Arg::is_flat) => {
+                return 1 + items.iter().map(Arg::depth).max().unwrap_or(0);
+            }
+            Arg::List(_) | Arg::Slice(_) => {}
+            Arg::Float(x) if x.is_finite() => return 0,
+            Arg::None | Arg::Bool(_) | Arg::Int(_) | Arg::Float(_) | Arg::Str(_) => {
+                return usize::from(matches!(self, Arg::Float(_)));
+            }
+            _ => return 1,
+        }
+        let mut deepest = 0;
+        let mut stack = vec![(self, 0usize)];
+        while let Some((a, above)) = stack.pop() {
+            let here = match a {
+                Arg::None | Arg::Bool(_) | Arg::Int(_) | Arg::Str(_) => above,
+                Arg::Float(x) if x.is_finite() => above,
+                Arg::List(items) => {
+                    stack.extend(items.iter().map(|i| (i, above + 1)));
+                    above + 1
+                }
+                Arg::Slice(parts) => {
+                    stack.extend(parts.iter().map(|i| (i, above + 2)));
+                    above + 2
+                }
+                _ => above + 1,
+            };
+            deepest = deepest.max(here);
+        }
+        deepest
+    }
+
+    /// Not a list or slice.
+    fn is_flat(&self) -> bool {
+        !matches!(self, Arg::List(_) | Arg::Slice(_))
+    }
+
     /// Calls `f` on every node reference, depth first, left to right.
     pub fn for_each_ref<'a>(&'a self, f: &mut impl FnMut(&'a R)) {
         match self {
@@ -119,5 +171,101 @@ impl<R> Arg<R> {
             Arg::List(items) => Some(items),
             _ => None,
         }
+    }
+}
+
+thread_local! {
+    /// Containers (lists and slices, in JSON levels) around the ARG being decoded.
+    static DECODE_NESTING: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Entered around the decoding of a container's items; restores the count when dropped, on
+/// errors too.
+struct Nesting(usize);
+
+impl Nesting {
+    fn enter(levels: usize) -> Result<Nesting, DecodeError> {
+        let outer = DECODE_NESTING.get();
+        let inner = outer + levels;
+        // An item at `inner` containers has at least that JSON depth: refusing here refuses
+        // nothing within MAX_DEPTH, and keeps the recursion below bounded.
+        if inner > MAX_DEPTH {
+            return Err(DecodeError::OtherString(format!(
+                "ARG nested deeper than {MAX_DEPTH} levels"
+            )));
+        }
+        DECODE_NESTING.set(inner);
+        Ok(Nesting(outer))
+    }
+}
+
+impl Drop for Nesting {
+    fn drop(&mut self) {
+        DECODE_NESTING.set(self.0);
+    }
+}
+
+/// Reads one ARG as `#[derive(Decode)]` would, with `node` reading a reference; written out so
+/// that containers are counted ([`Nesting`]) and both `Decode` and `BorrowDecode` share it.
+fn decode_arg<D: Decoder, R>(
+    d: &mut D,
+    node: &mut impl FnMut(&mut D) -> Result<R, DecodeError>,
+) -> Result<Arg<R>, DecodeError> {
+    let variant = <u32 as Decode<D::Context>>::decode(d)?;
+    Ok(match variant {
+        0 => Arg::None,
+        1 => Arg::Bool(Decode::decode(d)?),
+        2 => Arg::Int(Decode::decode(d)?),
+        3 => Arg::Float(Decode::decode(d)?),
+        4 => Arg::Str(Decode::decode(d)?),
+        5 => Arg::Node(node(d)?),
+        6 => {
+            let _n = Nesting::enter(1)?;
+            // A `Vec` as bincode writes it: a u64 length, then the items; the claim keeps a
+            // hostile length from allocating more than the decode limit.
+            let len = <u64 as Decode<D::Context>>::decode(d)?;
+            let len = usize::try_from(len).map_err(|_| DecodeError::OutsideUsizeRange(len))?;
+            d.claim_container_read::<Arg<R>>(len)?;
+            let mut items = Vec::with_capacity(len);
+            for _ in 0..len {
+                d.unclaim_bytes_read(std::mem::size_of::<Arg<R>>());
+                items.push(decode_arg(d, node)?);
+            }
+            Arg::List(items)
+        }
+        7 => Arg::Dtype(Decode::decode(d)?),
+        8 => Arg::Device(Decode::decode(d)?),
+        9 => Arg::Layout(Decode::decode(d)?),
+        10 => Arg::MemoryFormat(Decode::decode(d)?),
+        11 => {
+            let _n = Nesting::enter(2)?;
+            let a = decode_arg(d, node)?;
+            let b = decode_arg(d, node)?;
+            let c = decode_arg(d, node)?;
+            Arg::Slice(Box::new([a, b, c]))
+        }
+        12 => Arg::Sym(Decode::decode(d)?),
+        13 => Arg::Repr(Decode::decode(d)?),
+        found => {
+            return Err(DecodeError::UnexpectedVariant {
+                type_name: "Arg",
+                allowed: &AllowedEnumVariants::Range { min: 0, max: 13 },
+                found,
+            });
+        }
+    })
+}
+
+impl<Context, R: Decode<Context>> Decode<Context> for Arg<R> {
+    fn decode<D: Decoder<Context = Context>>(d: &mut D) -> Result<Self, DecodeError> {
+        decode_arg(d, &mut |d| R::decode(d))
+    }
+}
+
+impl<'de, Context, R: BorrowDecode<'de, Context>> BorrowDecode<'de, Context> for Arg<R> {
+    fn borrow_decode<D: BorrowDecoder<'de, Context = Context>>(
+        d: &mut D,
+    ) -> Result<Self, DecodeError> {
+        decode_arg(d, &mut |d| R::borrow_decode(d))
     }
 }

@@ -20,6 +20,8 @@ pub mod node;
 pub mod program;
 pub mod side_table;
 pub mod tensor;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod verify;
 
 pub use arg::Arg;

@@ -56,20 +56,35 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
                 );
             }
         }
-        let fields = n
-            .args
-            .iter()
-            .enumerate()
-            .map(|(i, a)| (format!("args[{i}]"), a))
-            .chain(n.kwargs.iter().map(|(k, a)| (format!("kwargs.{k}"), a)));
-        for (field, a) in fields {
-            let mut refs: Vec<NodeId> = Vec::new();
+        // Field names are built only for a diagnostic: this loop runs for every argument.
+        let field_of = |i: usize| match i.checked_sub(n.args.len()) {
+            None => format!("args[{i}]"),
+            Some(k) => format!(
+                "kwargs.{}",
+                n.kwargs.keys().nth(k).map_or("", |k| k.as_str())
+            ),
+        };
+        let mut refs: Vec<NodeId> = Vec::new();
+        for (fi, a) in n.args.iter().chain(n.kwargs.values()).enumerate() {
+            let depth = a.depth();
+            if depth > crate::arg::MAX_DEPTH {
+                d.push(
+                    Location::field(label, &n.name, field_of(fi)),
+                    Problem::BadValue {
+                        message: format!(
+                            "ARG nested {depth} levels deep; at most {} are allowed",
+                            crate::arg::MAX_DEPTH
+                        ),
+                    },
+                );
+            }
+            refs.clear();
             a.for_each_ref(&mut |r| refs.push(*r));
-            for r in refs {
+            for &r in &refs {
                 let target = g.node(r);
                 if target.op == Op::Output {
                     d.push(
-                        Location::field(label, &n.name, &field),
+                        Location::field(label, &n.name, field_of(fi)),
                         Problem::RefToOutput {
                             target: target.name.clone(),
                         },
@@ -78,13 +93,18 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
                 if pos[r] >= here {
                     forward_refs = true;
                     d.push(
-                        Location::field(label, &n.name, &field),
+                        Location::field(label, &n.name, field_of(fi)),
                         Problem::LaterRef {
                             target: target.name.clone(),
                         },
                     );
                 }
             }
+        }
+        if let Some(v) = &n.meta.val {
+            check_dims(v, &mut |f, p| {
+                d.push(Location::field(label, &n.name, format!("meta.val{f}")), p)
+            });
         }
         if n.meta.val.as_ref().is_some_and(|v| v.nbytes().is_none()) {
             d.push(
@@ -157,6 +177,14 @@ fn check_params(g: &Graph, d: &mut Diagnostics) {
         if p.nbytes().is_none() {
             d.push(at(), Problem::SizeOverflow);
         }
+        for (j, dim) in p.shape.iter().enumerate() {
+            if let Some(problem) = negative_hint(dim) {
+                d.push(
+                    Location::graph_field(label, format!("params[{i}].shape[{j}]")),
+                    problem,
+                );
+            }
+        }
         let Some(node) = g.get(p.node) else {
             d.push(
                 at(),
@@ -199,6 +227,50 @@ fn check_params(g: &Graph, d: &mut Diagnostics) {
                 );
             }
         }
+    }
+}
+
+/// A size with a negative hint: the JSON importer refuses them while reading; this catches
+/// them from the binary form and from passes.
+fn negative_hint(dim: &crate::Dim) -> Option<Problem> {
+    match dim {
+        crate::Dim::Sym(s) if s.hint < 0 => Some(Problem::BadShape {
+            value: format!("{{\"sym\":{:?},\"hint\":{}}}", s.expr, s.hint),
+        }),
+        _ => None,
+    }
+}
+
+/// Every shape, stride and offset entry of a value, reported at its path under `meta.val`.
+/// Paths are built only for a diagnostic: this runs for every node.
+fn check_dims(v: &Val, report: &mut impl FnMut(String, Problem)) {
+    let one = |at: &dyn Fn() -> String,
+               t: &crate::TensorMeta,
+               report: &mut dyn FnMut(String, Problem)| {
+        for (j, dim) in t.shape.iter().enumerate() {
+            if let Some(p) = negative_hint(dim) {
+                report(format!("{}.shape[{j}]", at()), p);
+            }
+        }
+        for (j, dim) in t.stride.iter().flatten().enumerate() {
+            if let Some(p) = negative_hint(dim) {
+                report(format!("{}.stride[{j}]", at()), p);
+            }
+        }
+        if let Some(p) = t.storage_offset.as_ref().and_then(negative_hint) {
+            report(format!("{}.storage_offset", at()), p);
+        }
+    };
+    match v {
+        Val::Tensor(t) => one(&String::new, t, report),
+        Val::Tuple(items) => {
+            for (i, t) in items.iter().enumerate() {
+                if let Some(t) = t {
+                    one(&|| format!("[{i}]"), t, report);
+                }
+            }
+        }
+        _ => {}
     }
 }
 

@@ -18,13 +18,17 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let (label, program) = input(args.file.as_deref())?;
     println!("{label}: ok");
     print!("{}", zerosched::summary::table(&program));
-    let scheduled = program
-        .graphs
-        .iter()
-        .any(|g| g.nodes().any(|(_, n)| zerosched_ir::comm::CommOp::of(n).is_some()));
+    let scheduled = program.graphs.iter().any(|g| {
+        g.nodes()
+            .any(|(_, n)| zerosched_ir::comm::CommOp::of(n).is_some())
+    });
     if scheduled {
-        let opts = CheckOptions { budget: args.budget.unwrap_or(u64::MAX), world_size: args.world_size };
-        let reports = check_program(&program, &opts).map_err(|v| format!("{label}: the schedule checker rejects it:\n{v}"))?;
+        let opts = CheckOptions {
+            budget: args.budget.unwrap_or(u64::MAX),
+            world_size: args.world_size,
+        };
+        let reports = check_program(&program, &opts)
+            .map_err(|v| format!("{label}: the schedule checker rejects it:\n{v}"))?;
         for r in reports {
             println!(
                 "schedule of {}: ok ({} gathers, {} reuses, {} releases, {} keeps, {} reductions, peak gathered {})",
@@ -44,7 +48,13 @@ pub fn run(args: Args) -> Result<(), Failure> {
 /// The named file, or the program embedded in the binary.
 pub fn input(file: Option<&std::path::Path>) -> Result<(String, zerosched_ir::Program), Failure> {
     match file {
-        Some(path) => Ok((path.display().to_string(), zerosched::io::read_program(path)?)),
-        None => Ok(("<embedded default>".to_owned(), zerosched::default_program::load()?)),
+        Some(path) => Ok((
+            path.display().to_string(),
+            zerosched::io::read_program(path)?,
+        )),
+        None => Ok((
+            "<embedded default>".to_owned(),
+            zerosched::default_program::load()?,
+        )),
     }
 }

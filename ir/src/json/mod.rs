@@ -16,6 +16,19 @@ use crate::{ImportError, Program};
 
 /// Imports an `fx-graph` or `fx-program` document.
 pub fn import(bytes: &[u8]) -> Result<Program, ImportError> {
+    // One pass for the common case, a well-formed document: header and body together.
+    if let Ok(doc) = serde_json::from_slice::<raw::RawDoc>(bytes) {
+        let (header, graph, bundle) = doc.split();
+        let program = if header.check()? {
+            lower::program(bundle)?
+        } else {
+            lower::single(graph)?
+        };
+        crate::verify::program(&program)?;
+        return Ok(program);
+    }
+    // Otherwise the careful path, for the right error: the header alone first (a newer
+    // version is refused before its body is read), then the body as its kind.
     let header: raw::Header = serde_json::from_slice(bytes).map_err(syntax)?;
     let bundle = header.check()?;
     let program = if bundle {

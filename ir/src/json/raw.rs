@@ -41,6 +41,48 @@ pub(super) fn check_version(version: Option<&serde_json::Value>) -> Result<(), I
     }
 }
 
+/// Header and either body in one pass. A document that parses as this also parses as
+/// `Header` and as the `RawGraph` / `RawProgram` its format names, to the same values (those
+/// ignore the fields they lack); a document this rejects takes the two-pass path.
+#[derive(Deserialize)]
+pub(super) struct RawDoc {
+    format: Option<serde_json::Value>,
+    version: Option<serde_json::Value>,
+    name: Option<String>,
+    kind: Option<String>,
+    nodes: Option<Vec<RawNode>>,
+    #[serde(default)]
+    params: Vec<RawParam>,
+    #[serde(default)]
+    grads: Vec<RawGrad>,
+    graphs: Option<Vec<RawGraph>>,
+}
+
+impl RawDoc {
+    pub(super) fn split(self) -> (Header, RawGraph, RawProgram) {
+        let header = Header {
+            format: self.format,
+            version: self.version,
+        };
+        let graph = RawGraph {
+            format: None,
+            version: None,
+            name: self.name,
+            kind: self.kind,
+            nodes: self.nodes,
+            params: self.params,
+            grads: self.grads,
+        };
+        (
+            header,
+            graph,
+            RawProgram {
+                graphs: self.graphs,
+            },
+        )
+    }
+}
+
 #[derive(Deserialize)]
 pub(super) struct RawProgram {
     pub graphs: Option<Vec<RawGraph>>,

@@ -141,7 +141,9 @@ impl Serialize for NodeOut<'_> {
                 names: self.names,
             },
         )?;
-        if n.meta != Meta::default() {
+        // Decided on what will be written, not on the fields: a meta whose only contents JSON
+        // cannot spell must vanish here, as it does on re-import, or export is no fixed point.
+        if !MetaOut(&n.meta).is_empty() {
             m.serialize_entry("meta", &MetaOut(&n.meta))?;
         }
         m.end()
@@ -258,11 +260,32 @@ impl Serialize for SymOut<'_> {
 
 struct MetaOut<'a>(&'a Meta);
 
+impl MetaOut<'_> {
+    /// A non-finite float `val` or time has no JSON number; it is left out, as if absent.
+    fn val(&self) -> Option<&Val> {
+        self.0
+            .val
+            .as_ref()
+            .filter(|v| !matches!(v, Val::Float(x) if !x.is_finite()))
+    }
+
+    fn time(&self) -> Option<f64> {
+        self.0.device_time_ms.filter(|t| t.is_finite())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.val().is_none()
+            && self.0.aliases.is_none()
+            && self.0.mutates.is_none()
+            && self.time().is_none()
+    }
+}
+
 impl Serialize for MetaOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let meta = self.0;
         let mut m = s.serialize_map(None)?;
-        if let Some(v) = &meta.val {
+        if let Some(v) = self.val() {
             m.serialize_entry("val", &ValOut(v))?;
         }
         if let Some(a) = &meta.aliases {
@@ -271,11 +294,9 @@ impl Serialize for MetaOut<'_> {
         if let Some(a) = &meta.mutates {
             m.serialize_entry("mutates", a)?;
         }
-        if let Some(t) = meta.device_time_ms {
-            // Non-finite times are not JSON numbers; a missing time means the same to readers.
-            if t.is_finite() {
-                m.serialize_entry("device_time_ms", &t)?;
-            }
+        // Non-finite times are not JSON numbers; a missing time means the same to readers.
+        if let Some(t) = self.time() {
+            m.serialize_entry("device_time_ms", &t)?;
         }
         m.end()
     }

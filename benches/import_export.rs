@@ -1,0 +1,276 @@
+//! Import and export of a large program, JSON and binary.
+//!
+//! Input: `benches/data/llama70b-80l.program.json.gz` (an 80-layer Llama-70B-shape training
+//! step); while that is missing, the largest document under `benches/data` or
+//! `tests/fixtures`, and — as those are tiny — a synthesized 80-layer Llama-shaped program
+//! (`zerosched_ir::testing::llama_like(80)`) as well. Set `ZEROSCHED_BENCH_INPUT=path` to pick
+//! a file. The header says what was used.
+//!
+//! Besides criterion's figures it prints a summary per input: median JSON import throughput
+//! (target ≥ 100 MB/s), binary-import speedup over JSON (target ≥ 5×), and memory per node
+//! (bytes live after one JSON import, and the peak during it, from a counting allocator).
+//!
+//! `cargo bench --bench import_export`
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+use zerosched_ir::{Program, binary, json};
+
+/// The system allocator, counting live and peak bytes.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// Counting costs atomics on every allocation: it is on only around the memory measurement,
+/// so that the timings see the plain system allocator. Frees of blocks allocated while it was
+/// off are not subtracted either, so `LIVE` stays exact for what was counted.
+static COUNTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn counting() -> bool {
+    COUNTING.load(Relaxed)
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() && counting() {
+            let now = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
+            PEAK.fetch_max(now, Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        if counting() {
+            LIVE.fetch_sub(layout.size(), Relaxed);
+        }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() && counting() {
+            if new_size >= layout.size() {
+                let now =
+                    LIVE.fetch_add(new_size - layout.size(), Relaxed) + new_size - layout.size();
+                PEAK.fetch_max(now, Relaxed);
+            } else {
+                LIVE.fetch_sub(layout.size() - new_size, Relaxed);
+            }
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+const REAL: &str = "benches/data/llama70b-80l.program.json.gz";
+
+struct Input {
+    label: String,
+    json: Vec<u8>,
+    bin: Vec<u8>,
+    nodes: usize,
+}
+
+impl Input {
+    fn new(label: String, program: &Program) -> Input {
+        Input {
+            label,
+            json: json::export(program),
+            bin: binary::export(program),
+            nodes: program.node_count(),
+        }
+    }
+
+    fn from_file(path: &Path) -> Input {
+        let bytes = zerosched::io::read_bytes(path).expect("the bench input reads");
+        let program = zerosched_ir::import(&bytes).expect("the bench input imports");
+        Input::new(path.display().to_string(), &program)
+    }
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The largest `.json` / `.json.gz` / `.zsg` document under the given directories.
+fn largest(dirs: &[&str]) -> Option<PathBuf> {
+    let mut best: Option<(u64, PathBuf)> = None;
+    let mut stack: Vec<PathBuf> = dirs.iter().map(|d| root().join(d)).collect();
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = p.to_string_lossy();
+            if p.is_dir() {
+                stack.push(p);
+            } else if [".json", ".json.gz", ".zsg"]
+                .iter()
+                .any(|x| name.ends_with(x))
+            {
+                let len = e.metadata().map_or(0, |m| m.len());
+                if best.as_ref().is_none_or(|(b, _)| len > *b) {
+                    best = Some((len, p));
+                }
+            }
+        }
+    }
+    best.map(|(_, p)| p)
+}
+
+fn inputs() -> Vec<Input> {
+    if let Some(p) = std::env::var_os("ZEROSCHED_BENCH_INPUT") {
+        return vec![Input::from_file(Path::new(&p))];
+    }
+    let real = root().join(REAL);
+    if real.exists() {
+        return vec![Input::from_file(&real)];
+    }
+    println!("{REAL} is not there yet: falling back");
+    let mut out = Vec::new();
+    if let Some(p) = largest(&["benches/data", "tests/fixtures"]) {
+        out.push(Input::from_file(&p));
+    }
+    out.push(Input::new(
+        "synthesized testing::llama_like(80)".into(),
+        &zerosched_ir::testing::llama_like(80),
+    ));
+    out
+}
+
+/// Median wall time of `f` over enough runs to fill about `budget`.
+fn median(budget: Duration, mut f: impl FnMut()) -> Duration {
+    let start = Instant::now();
+    f();
+    let once = start.elapsed().max(Duration::from_nanos(1));
+    let runs = (budget.as_secs_f64() / once.as_secs_f64()).clamp(5.0, 10_000.0) as usize;
+    let mut times: Vec<Duration> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .collect();
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn summary(input: &Input) {
+    let mb = |bytes: usize, t: Duration| bytes as f64 / 1e6 / t.as_secs_f64();
+    let budget = Duration::from_secs(2);
+    let ji = median(budget, || {
+        drop(black_box(json::import(&input.json).unwrap()))
+    });
+    let bi = median(budget, || {
+        drop(black_box(binary::import(&input.bin).unwrap()))
+    });
+    let program = json::import(&input.json).unwrap();
+    let je = median(budget, || drop(black_box(json::export(&program))));
+    let be = median(budget, || drop(black_box(binary::export(&program))));
+    drop(program);
+
+    // Counted from zero with counting on: the program's own blocks, and the peak of
+    // everything the import allocated at once.
+    let measure = |f: &dyn Fn() -> Program| {
+        LIVE.store(0, Relaxed);
+        PEAK.store(0, Relaxed);
+        COUNTING.store(true, Relaxed);
+        let program = f();
+        let (live, peak) = (LIVE.load(Relaxed), PEAK.load(Relaxed));
+        drop(program);
+        COUNTING.store(false, Relaxed);
+        (live, peak)
+    };
+    let (live, peak) = measure(&|| json::import(&input.json).unwrap());
+    let (_, bin_peak) = measure(&|| binary::import(&input.bin).unwrap());
+
+    let n = input.nodes as f64;
+    println!("== {}", input.label);
+    println!(
+        "   {} nodes; JSON {:.2} MB, binary {:.2} MB ({:.1}x smaller)",
+        input.nodes,
+        input.json.len() as f64 / 1e6,
+        input.bin.len() as f64 / 1e6,
+        input.json.len() as f64 / input.bin.len() as f64
+    );
+    let verdict = |ok: bool| if ok { "ok" } else { "MISSED" };
+    let jmb = mb(input.json.len(), ji);
+    println!(
+        "   JSON import   {:>9.3} ms  {:>7.1} MB/s  ({:.0} ns/node)  target >= 100 MB/s: {}",
+        ji.as_secs_f64() * 1e3,
+        jmb,
+        ji.as_nanos() as f64 / n,
+        verdict(jmb >= 100.0)
+    );
+    let ratio = ji.as_secs_f64() / bi.as_secs_f64();
+    println!(
+        "   binary import {:>9.3} ms  {:>7.1} MB/s  ({:.0} ns/node)  {:.1}x JSON import, target >= 5x: {}",
+        bi.as_secs_f64() * 1e3,
+        mb(input.bin.len(), bi),
+        bi.as_nanos() as f64 / n,
+        ratio,
+        verdict(ratio >= 5.0)
+    );
+    println!(
+        "   JSON export   {:>9.3} ms  {:>7.1} MB/s",
+        je.as_secs_f64() * 1e3,
+        mb(input.json.len(), je)
+    );
+    println!(
+        "   binary export {:>9.3} ms  {:>7.1} MB/s",
+        be.as_secs_f64() * 1e3,
+        mb(input.bin.len(), be)
+    );
+    println!(
+        "   memory: {:.0} B/node live after a JSON import, peak {:.0} B/node during it; binary import peak {:.0} B/node",
+        live as f64 / n,
+        peak as f64 / n,
+        bin_peak as f64 / n
+    );
+}
+
+fn bench(c: &mut Criterion, input: &Input, name: &str) {
+    let program = json::import(&input.json).unwrap();
+    let mut g = c.benchmark_group(name);
+    g.sample_size(10).measurement_time(Duration::from_secs(3));
+    g.throughput(Throughput::Bytes(input.json.len() as u64));
+    g.bench_function(BenchmarkId::new("json", "import"), |b| {
+        b.iter(|| json::import(black_box(&input.json)).unwrap())
+    });
+    g.bench_function(BenchmarkId::new("json", "export"), |b| {
+        b.iter(|| json::export(black_box(&program)))
+    });
+    g.throughput(Throughput::Bytes(input.bin.len() as u64));
+    g.bench_function(BenchmarkId::new("binary", "import"), |b| {
+        b.iter(|| binary::import(black_box(&input.bin)).unwrap())
+    });
+    g.bench_function(BenchmarkId::new("binary", "export"), |b| {
+        b.iter(|| binary::export(black_box(&program)))
+    });
+    g.finish();
+}
+
+fn main() {
+    let inputs = inputs();
+    println!(
+        "machine: {} CPUs",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    // `--profile-time` (criterion's mode for profilers) skips the summary.
+    if !std::env::args().any(|a| a == "--profile-time") {
+        for input in &inputs {
+            summary(input);
+        }
+    }
+    let mut c = Criterion::default().configure_from_args();
+    for (i, input) in inputs.iter().enumerate() {
+        bench(&mut c, input, &format!("input{i}"));
+    }
+    c.final_summary();
+}
