@@ -7,6 +7,7 @@
 //! just making another view of it; liveness and releases are computed over real uses.
 
 use crate::ops;
+use crate::per_node::{self, PerNode};
 use zerosched_ir::{Graph, Node, NodeId, Op, SideTable};
 
 #[derive(Clone, Debug)]
@@ -15,53 +16,56 @@ pub struct Aliases {
     /// (the output node, releases).
     class: SideTable<Option<NodeId>>,
     /// The arguments each node's output is a view of (not a use of them).
-    views_of: SideTable<Vec<NodeId>>,
+    views_of: PerNode,
     /// The arguments each node writes in place (a use, and the output aliases them).
-    writes: SideTable<Vec<NodeId>>,
+    writes: PerNode,
     /// Members of each class, by allocating node, in program order.
-    members: SideTable<Vec<NodeId>>,
+    members: PerNode,
+    /// Consumers of each node, by index.
+    users: PerNode,
+    /// Releases and keeps: they read nothing.
+    bookkeeping: SideTable<bool>,
 }
 
 impl Aliases {
     /// Analyses `g` in its program order (every argument precedes its user).
     pub fn analyse(g: &Graph) -> Aliases {
-        let mut a = Aliases {
-            class: SideTable::new(g, None),
-            views_of: SideTable::new(g, Vec::new()),
-            writes: SideTable::new(g, Vec::new()),
-            members: SideTable::new(g, Vec::new()),
-        };
+        let views_of = PerNode::build(g, |id, out| view_sources(g, g.node(id), out));
+        let writes = PerNode::build(g, |id, out| write_targets(g.node(id), out));
+        let mut bookkeeping = SideTable::new(g, false);
         // Union-find over storage: a value that may alias several others (recorded
         // multi-index `aliases`, end_backward's list) joins all of their classes.
         let mut parent: SideTable<Option<NodeId>> = SideTable::new(g, None);
         for (id, n) in g.nodes() {
-            a.views_of[id] = view_sources(g, n);
-            a.writes[id] = indexed_refs(n, n.meta.mutates.as_deref().unwrap_or(&[]));
+            let op = ops::CommOp::of(n);
+            bookkeeping[id] = matches!(op, Some(ops::CommOp::Release | ops::CommOp::Keep));
             // end_backward only hands its reductions on: each of its items lives in the
             // storage of the reduction it names.
-            let no_storage = n.op == Op::Output
-                || matches!(
-                    ops::CommOp::of(n),
-                    Some(ops::CommOp::Release | ops::CommOp::Keep | ops::CommOp::EndBackward)
-                );
-            if no_storage {
+            if n.op == Op::Output || bookkeeping[id] || op == Some(ops::CommOp::EndBackward) {
                 continue;
             }
             parent[id] = Some(id);
-            for &s in a.views_of[id].iter().chain(&a.writes[id]) {
+            for &s in views_of.get(id).iter().chain(writes.get(id)) {
                 if parent[s].is_some() {
                     union(g, &mut parent, id, s);
                 }
             }
         }
-        for (id, _) in g.nodes() {
+        let mut class = SideTable::new(g, None);
+        for &id in g.order() {
             if parent[id].is_some() {
-                let c = find(&mut parent, id);
-                a.class[id] = Some(c);
-                a.members[c].push(id);
+                class[id] = Some(find(&mut parent, id));
             }
         }
-        a
+        let members = PerNode::group_by(g, |id| class[id]);
+        Aliases {
+            class,
+            views_of,
+            writes,
+            members,
+            users: per_node::users(g),
+            bookkeeping,
+        }
     }
 
     /// The class (allocating node) of a node's storage.
@@ -71,20 +75,15 @@ impl Aliases {
 
     /// Every node whose value shares storage with `id`, in program order.
     pub fn members(&self, id: NodeId) -> &[NodeId] {
-        self.class(id)
-            .and_then(|c| self.members.get(c))
-            .map_or(&[], Vec::as_slice)
+        self.class(id).map_or(&[], |c| self.members.get(c))
     }
 
     /// Whether `user` reading `value` is a real use (not merely a view of it, not a release).
-    pub fn is_real_use(&self, g: &Graph, user: NodeId, value: NodeId) -> bool {
-        if matches!(
-            ops::CommOp::of(g.node(user)),
-            Some(ops::CommOp::Release | ops::CommOp::Keep)
-        ) {
+    pub fn is_real_use(&self, _g: &Graph, user: NodeId, value: NodeId) -> bool {
+        if self.bookkeeping.get(user).copied().unwrap_or(false) {
             return false;
         }
-        !self.views_of[user].contains(&value) || self.writes[user].contains(&value)
+        !self.views_of.get(user).contains(&value) || self.writes.get(user).contains(&value)
     }
 
     /// The distinct real uses of the storage `id` lives in, sorted by node index.
@@ -93,8 +92,10 @@ impl Aliases {
             .members(id)
             .iter()
             .flat_map(|&m| {
-                g.users(m)
-                    .into_iter()
+                self.users
+                    .get(m)
+                    .iter()
+                    .copied()
                     .filter(move |&u| self.is_real_use(g, u, m))
             })
             .collect();
@@ -139,34 +140,29 @@ fn union(g: &Graph, parent: &mut SideTable<Option<NodeId>>, a: NodeId, b: NodeId
     }
 }
 
-/// The arguments a node's output is a view of: `meta.aliases` when recorded, else the table.
-fn view_sources(g: &Graph, n: &Node) -> Vec<NodeId> {
+/// Appends the arguments a node's output is a view of: `meta.aliases` when recorded, else
+/// the table.
+pub fn view_sources(g: &Graph, n: &Node, out: &mut Vec<NodeId>) {
     if n.op != Op::CallFunction || n.target == ops::END_BACKWARD {
-        return Vec::new();
+        return;
     }
     if n.target == ops::GETITEM {
         if let Some(reduced) = end_backward_item(g, n) {
-            return vec![reduced];
+            out.push(reduced);
+            return;
         }
     }
     if let Some(idx) = &n.meta.aliases {
-        return indexed_refs(n, idx);
+        return indexed_refs(n, idx, out);
     }
-    let first = || {
-        n.args
-            .first()
-            .and_then(|a| a.as_node())
-            .copied()
-            .into_iter()
-            .collect()
-    };
-    match n.target.as_str() {
-        ops::WAIT => first(),
+    let viewing = match n.target.as_str() {
         // An element of a tuple lives in the tuple's storage: for a list-returning view
         // (split, unbind) that is the viewed tensor's; for a multi-output op, the op's own.
-        ops::GETITEM => first(),
-        t if zerosched_ir::aten::is_view(t) => first(),
-        _ => Vec::new(),
+        ops::WAIT | ops::GETITEM => true,
+        t => zerosched_ir::aten::is_view(t),
+    };
+    if let Some(&first) = n.args.first().and_then(|a| a.as_node()).filter(|_| viewing) {
+        out.push(first);
     }
 }
 
@@ -180,15 +176,26 @@ fn end_backward_item(g: &Graph, n: &Node) -> Option<NodeId> {
     source.args.first()?.as_list()?.get(k)?.as_node().copied()
 }
 
-/// Node references inside the arguments at the given positions.
-fn indexed_refs(n: &Node, idx: &[u32]) -> Vec<NodeId> {
-    let mut out = Vec::new();
+/// Appends the arguments a node writes in place (`meta.mutates`).
+pub fn write_targets(n: &Node, out: &mut Vec<NodeId>) {
+    indexed_refs(n, n.meta.mutates.as_deref().unwrap_or(&[]), out)
+}
+
+/// Appends the distinct node references inside the arguments at the given positions.
+fn indexed_refs(n: &Node, idx: &[u32], out: &mut Vec<NodeId>) {
+    let lo = out.len();
     for &i in idx {
         if let Some(a) = n.args.get(i as usize) {
             a.for_each_ref(&mut |r| out.push(*r));
         }
     }
-    out.sort_unstable();
-    out.dedup();
-    out
+    out[lo..].sort_unstable();
+    let mut keep = lo;
+    for j in lo..out.len() {
+        if j == lo || out[j] != out[keep - 1] {
+            out[keep] = out[j];
+            keep += 1;
+        }
+    }
+    out.truncate(keep);
 }

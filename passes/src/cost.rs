@@ -89,9 +89,9 @@ impl CostModel {
         }
         let out = n.meta.val.as_ref().and_then(Val::nbytes).unwrap_or(0);
         let inputs: u64 = g
-            .inputs(id)
-            .iter()
-            .filter_map(|&i| g.node(i).meta.val.as_ref().and_then(Val::nbytes))
+            .dag()
+            .neighbors_directed(id, petgraph::Direction::Incoming)
+            .filter_map(|i| g.node(i).meta.val.as_ref().and_then(Val::nbytes))
             .fold(0, u64::saturating_add);
         let bytes = out.saturating_add(inputs) as f64;
         let (flops, dtype) = matmul_flops(g, id);

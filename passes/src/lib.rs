@@ -11,6 +11,7 @@ pub mod insert;
 pub mod keep;
 pub mod liveness;
 pub mod ops;
+pub mod per_node;
 pub mod pipeline;
 pub mod rewrite;
 pub mod schedule;

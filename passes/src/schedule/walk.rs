@@ -13,9 +13,9 @@
 //! not this clock, reports step times. Every node is visited a constant number of times.
 
 use super::{ScheduleError, ScheduleOptions, ScheduleReport};
-use crate::alias::Aliases;
 use crate::cost::Collective;
 use crate::ops::{self, CommOp};
+use crate::per_node::{self, PerNode};
 use zerosched_ir::{Arg, Graph, NodeId, Op, Problem, SideTable};
 
 #[derive(Clone, Copy, Debug)]
@@ -94,6 +94,8 @@ pub(super) fn run(
 
 /// Everything the walk needs, computed once from the graph after insertion.
 struct Plan {
+    inputs: PerNode,
+    users: PerNode,
     role: SideTable<Role>,
     spine: Vec<NodeId>,
     /// Compute cost of each node, ms.
@@ -118,8 +120,9 @@ struct Plan {
 
 impl Plan {
     fn build(g: &Graph, opts: &ScheduleOptions) -> Plan {
-        let aliases = Aliases::analyse(g);
         let mut p = Plan {
+            inputs: per_node::inputs(g),
+            users: per_node::users(g),
             role: SideTable::new(g, Role::Spine),
             spine: Vec::new(),
             cost: SideTable::new(g, 0.0),
@@ -140,16 +143,12 @@ impl Plan {
             .nodes()
             .filter(|(_, n)| n.op == Op::Placeholder)
             .chain(g.nodes().filter(|(_, n)| n.op != Op::Placeholder));
+        let mut scratch = Vec::new();
         for (id, n) in inputs_first {
-            let class = aliases.class(id);
-            let gathered = class.filter(|&c| {
-                matches!(
-                    CommOp::of(g.node(c)),
-                    Some(CommOp::AllGather | CommOp::Reuse)
-                )
-            });
+            let comm = CommOp::of(n);
+            let (gathered, reads) = gathered_storage(g, &p, id, comm, &mut scratch);
             p.gather_of[id] = gathered;
-            p.role[id] = match CommOp::of(n) {
+            p.role[id] = match comm {
                 Some(op @ (CommOp::AllGather | CommOp::Reuse)) => {
                     p.gathers += 1;
                     p.resident[id] = op == CommOp::Reuse;
@@ -173,9 +172,7 @@ impl Plan {
                     Role::Eager
                 }
                 _ => {
-                    let pure_view = gathered.is_some_and(|c| c != id)
-                        && g.inputs(id).iter().all(|&i| !aliases.is_real_use(g, id, i))
-                        && g.has_users(id);
+                    let pure_view = gathered.is_some() && !reads && g.has_users(id);
                     if pure_view {
                         Role::Deferred
                     } else {
@@ -184,7 +181,7 @@ impl Plan {
                 }
             };
             if p.role[id] == Role::Eager {
-                p.deps[id] = g.inputs(id).len();
+                p.deps[id] = p.inputs.get(id).len();
             }
             if p.role[id] == Role::Spine {
                 p.cost[id] = opts.cost.compute_ms(g, id);
@@ -198,7 +195,7 @@ impl Plan {
         let mut seen = SideTable::new(g, false);
         let mut stack = Vec::new();
         for (i, &s) in p.spine.iter().enumerate() {
-            stack.extend(g.inputs(s));
+            stack.extend_from_slice(p.inputs.get(s));
             while let Some(v) = stack.pop() {
                 if p.role[v] != Role::Deferred || seen[v] {
                     continue;
@@ -212,7 +209,7 @@ impl Plan {
                         p.fifo.push(gather);
                     }
                 }
-                stack.extend(g.inputs(v));
+                stack.extend_from_slice(p.inputs.get(v));
             }
         }
         // Gathers no compute node needs still get issued (last, in program order).
@@ -223,6 +220,35 @@ impl Plan {
         }
         p
     }
+}
+
+/// The gather whose buffer `id`'s value lives in, found from its inputs (program order puts
+/// them first), and whether `id` reads any input rather than only viewing it. Only the few
+/// nodes downstream of a gather need the alias tables consulted.
+fn gathered_storage(
+    g: &Graph,
+    p: &Plan,
+    id: NodeId,
+    comm: Option<CommOp>,
+    scratch: &mut Vec<NodeId>,
+) -> (Option<NodeId>, bool) {
+    let inputs = p.inputs.get(id);
+    match comm {
+        Some(CommOp::AllGather | CommOp::Reuse) => return (Some(id), true),
+        Some(CommOp::Release | CommOp::Keep | CommOp::EndBackward) => return (None, true),
+        _ => {}
+    }
+    if !inputs.iter().any(|&i| p.gather_of[i].is_some()) {
+        return (None, true);
+    }
+    let n = g.node(id);
+    scratch.clear();
+    crate::alias::view_sources(g, n, scratch);
+    let viewed = scratch.len();
+    crate::alias::write_targets(n, scratch);
+    let gather = scratch.iter().find_map(|&s| p.gather_of[s]);
+    let reads = inputs.iter().any(|i| !scratch[..viewed].contains(i)) || viewed < scratch.len();
+    (gather, reads)
 }
 
 struct Bucket {
@@ -309,7 +335,12 @@ impl<'a> Walk<'a> {
                 continue;
             }
             let forced = self.plan.need_at[gather] <= i;
-            let ready = self.g.inputs(gather).iter().all(|&s| self.emitted[s]);
+            let ready = self
+                .plan
+                .inputs
+                .get(gather)
+                .iter()
+                .all(|&s| self.emitted[s]);
             if !forced {
                 let fits = self.live.saturating_add(self.plan.bytes[gather]) <= self.opts.budget;
                 // If the stream stays busy past the end of this node (its own waits included),
@@ -343,7 +374,8 @@ impl<'a> Walk<'a> {
 
     fn issue(&mut self, gather: NodeId, at: usize) {
         // A shard that is not a graph input is placed first (a dependency, out of turn).
-        for s in self.g.inputs(gather) {
+        let plan = self.plan;
+        for &s in plan.inputs.get(gather) {
             if !self.emitted[s] {
                 self.place(s);
             }
@@ -440,7 +472,8 @@ impl<'a> Walk<'a> {
                 continue;
             }
             stack.push((v, true));
-            for i in self.g.inputs(v) {
+            let plan = self.plan;
+            for &i in plan.inputs.get(v) {
                 if self.emitted[i] {
                     continue;
                 }
@@ -466,7 +499,7 @@ impl<'a> Walk<'a> {
                 }
             }
             Some(CommOp::EndBackward) => {
-                for r in self.g.inputs(v) {
+                for &r in self.plan.inputs.get(v) {
                     self.t_compute = self.t_compute.max(self.end_of[r]);
                 }
             }
@@ -479,7 +512,8 @@ impl<'a> Walk<'a> {
     fn emit(&mut self, v: NodeId) {
         self.emitted[v] = true;
         self.order.push(v);
-        for u in self.g.users(v) {
+        let plan = self.plan;
+        for &u in plan.users.get(v) {
             if self.plan.role[u] != Role::Eager || self.emitted[u] {
                 continue;
             }
