@@ -592,12 +592,12 @@ proptest! {
 // ---------------------------------------------------------------------------------------------
 // Mode 4: keyword-argument dependencies, deep graphs.
 
-/// Mode 4 (`KeyError: wait_allgather_ds_param__...` from walks that forget kwargs): a
-/// parameter passed only as `attn_mask=` to an attention placed after other compute is
-/// gathered and waited before its consumer, which reads the wait through the keyword, under
-/// every scheduler and budget; checker-proven.
-#[test]
-fn mode4_kwarg_only_attn_mask_parameter_gathered_before_its_consumer() {
+/// `x → mm(proj) → relu → attention(attn_mask=mask) → mm(out)`, and with `twice` a second
+/// attention with the same keyword mask after it. With two uses, the mask's last use needs the
+/// second weight's gather, so DeepCompile's walk takes the second weight first, through its
+/// last use: a walk that forgets keywords then schedules the first attention before the mask's
+/// gather (DeepSpeed 0.19.8's crash).
+fn kwarg_mask(twice: bool) -> Program {
     let mut b = Builder::new("kwarg_mask", GraphKind::Forward);
     let x = b.input("x", &[16, 64]);
     let w1 = b.param("proj.weight", &[64, 64]);
@@ -605,28 +605,57 @@ fn mode4_kwarg_only_attn_mask_parameter_gathered_before_its_consumer() {
     let w2 = b.param("out.weight", &[64, 64]);
     let h = b.mm("mm1", x, w1, &[16, 64], 1.0);
     let r = b.call("relu", "aten.relu.default", vec![node(h)], &[16, 64]);
+    let sdpa = "aten.scaled_dot_product_attention.default";
     let attn = b.call_kw(
         "attn",
-        "aten.scaled_dot_product_attention.default",
+        sdpa,
         vec![node(r), node(r), node(r)],
         &[("attn_mask", node(mask))],
         &[16, 64],
     );
-    let o = b.mm("mm2", attn, w2, &[16, 64], 1.0);
-    let p = Program::single(b.output(&[o]));
-    for scheduler in NAMES {
-        for budget in budgets(scheduler, 64 * 64 * 4 + 16 * 16 * 4) {
-            let (out, _, _) = run(&p, scheduler, budget);
-            let g = &out.graphs[0];
-            let gather = the(g, CommOp::AllGather, "attn.mask");
-            let wait = the(g, CommOp::Wait, "attn.mask");
-            let attn = named(g, "attn");
-            assert_eq!(g.node(attn).kwargs.get("attn_mask"), Some(&node(wait)));
-            assert!(
-                at(g, gather) < at(g, wait) && at(g, wait) < at(g, attn),
-                "{scheduler}: gather, wait, then the attention"
-            );
-            released_after(g, "attn.mask", &["attn"]);
+    let mut o = b.mm("mm2", attn, w2, &[16, 64], 1.0);
+    if twice {
+        o = b.call_kw(
+            "attn_2",
+            sdpa,
+            vec![node(o), node(o), node(o)],
+            &[("attn_mask", node(mask))],
+            &[16, 64],
+        );
+    }
+    Program::single(b.output(&[o]))
+}
+
+/// Mode 4 (`KeyError: wait_allgather_ds_param__...` from walks that forget kwargs): a
+/// parameter passed only as `attn_mask=` (to one attention, or to two far apart) is gathered
+/// and waited before every consumer, each of which reads the wait through the keyword, and
+/// released after the last, under every scheduler and budget; checker-proven.
+#[test]
+fn mode4_kwarg_only_attn_mask_parameter_gathered_before_its_consumer() {
+    for twice in [false, true] {
+        let p = kwarg_mask(twice);
+        let consumers: &[&str] = if twice {
+            &["attn", "attn_2"]
+        } else {
+            &["attn"]
+        };
+        for scheduler in NAMES {
+            for budget in budgets(scheduler, 2 * 64 * 64 * 4 + 16 * 16 * 4) {
+                let (out, _, _) = run(&p, scheduler, budget);
+                let g = &out.graphs[0];
+                let gather = the(g, CommOp::AllGather, "attn.mask");
+                let wait = the(g, CommOp::Wait, "attn.mask");
+                assert!(at(g, gather) < at(g, wait));
+                for &c in consumers {
+                    let attn = named(g, c);
+                    assert_eq!(g.node(attn).kwargs.get("attn_mask"), Some(&node(wait)));
+                    assert!(
+                        at(g, wait) < at(g, attn),
+                        "{scheduler}: the mask's wait before `{c}`"
+                    );
+                }
+                released_after(g, "attn.mask", consumers);
+            }
         }
     }
 }

@@ -97,7 +97,14 @@ fn proven(g: &Graph, budget: u64) -> Result<CheckReport, TestCaseError> {
 
 /// Budgets around and above the smallest feasible one, `least`.
 fn budgets(least: u64, fractions: &[u64]) -> Vec<u64> {
-    let mut b = vec![0, least.saturating_sub(1), least, least + 1, 2 * least + 1, u64::MAX];
+    let mut b = vec![
+        0,
+        least.saturating_sub(1),
+        least,
+        least + 1,
+        2 * least + 1,
+        u64::MAX,
+    ];
     b.extend(fractions.iter().map(|&f| least.saturating_mul(f) / 100));
     b.sort_unstable();
     b.dedup();
@@ -108,7 +115,12 @@ fn budgets(least: u64, fractions: &[u64]) -> Vec<u64> {
 fn least_budgets(p: &Program) -> Vec<u64> {
     p.graphs
         .iter()
-        .map(|g| schedule(g, "jit", u64::MAX).expect("jit, unlimited").1.peak_gathered)
+        .map(|g| {
+            schedule(g, "jit", u64::MAX)
+                .expect("jit, unlimited")
+                .1
+                .peak_gathered
+        })
         .collect()
 }
 
