@@ -183,3 +183,159 @@ pub fn train_step(layers: usize, dim: u64, ms: f64) -> zerosched_ir::Program {
         .collect();
     zerosched_ir::Program::bundle(vec![fwd, bwd])
 }
+
+impl Builder {
+    /// A list-returning view (`split`, `unbind`, `chunk`) whose `meta.val` is a tuple of
+    /// `parts` tensors of shape `part`, and a `getitem` of each part, all placed right after it
+    /// (as FX places them), whenever their values are used.
+    pub fn list_view(
+        &mut self,
+        name: &str,
+        target: &str,
+        args: Vec<Arg<NodeId>>,
+        parts: usize,
+        part: &[u64],
+    ) -> Vec<NodeId> {
+        let one = TensorMeta::new(
+            part.iter().map(|&d| Dim::Const(d)).collect(),
+            Dtype::Float32,
+        );
+        let n = Node {
+            meta: Meta {
+                val: Some(Val::Tuple(vec![Some(one); parts])),
+                ..Meta::default()
+            },
+            ..Node::call(name, target, args)
+        };
+        let list = self.g.push(n).expect("fresh name");
+        (0..parts)
+            .map(|i| {
+                self.call(
+                    &format!("{name}_{i}"),
+                    "operator.getitem",
+                    vec![node(list), Arg::Int(i as i64)],
+                    part,
+                )
+            })
+            .collect()
+    }
+}
+
+/// A router, `experts` parallel expert branches (each `t` of its weight, a matmul, a gate
+/// product and an activation) and a combine that sums them: the shape of an MoE layer.
+pub fn moe(experts: usize, dim: u64, ms: f64) -> Graph {
+    let mut b = Builder::new("moe", GraphKind::Forward);
+    let x = b.input("x", &[16, dim]);
+    let wr = b.param("moe.router.weight", &[dim, dim]);
+    let ws: Vec<NodeId> = (0..experts)
+        .map(|e| b.param(&format!("moe.experts.{e}.weight"), &[dim, dim]))
+        .collect();
+    let router = b.mm("router", x, wr, &[16, dim], ms);
+    let gate = b.call(
+        "gate",
+        "aten.softmax.int",
+        vec![node(router), Arg::Int(-1)],
+        &[16, dim],
+    );
+    let mut branches = Vec::new();
+    for (e, &w) in ws.iter().enumerate() {
+        let t = b.call(
+            &format!("t_{e}"),
+            "aten.t.default",
+            vec![node(w)],
+            &[dim, dim],
+        );
+        let h = b.mm(&format!("expert_{e}"), x, t, &[16, dim], ms);
+        let gated = b.call(
+            &format!("gated_{e}"),
+            "aten.mul.Tensor",
+            vec![node(h), node(gate)],
+            &[16, dim],
+        );
+        let act = b.call(
+            &format!("act_{e}"),
+            "aten.silu.default",
+            vec![node(gated)],
+            &[16, dim],
+        );
+        branches.push(node(act));
+    }
+    let st = b.call(
+        "stack",
+        "aten.stack.default",
+        vec![Arg::List(branches)],
+        &[experts as u64, 16, dim],
+    );
+    let combine = b.call(
+        "combine",
+        "aten.sum.dim_IntList",
+        vec![node(st), Arg::List(vec![Arg::Int(0)])],
+        &[16, dim],
+    );
+    b.output(&[combine])
+}
+
+/// A random topological order of `g` (Kahn's algorithm, a seeded choice among the ready
+/// nodes), with the output node last.
+pub fn random_topological_order(g: &Graph, seed: u64) -> Vec<NodeId> {
+    let mut rng = seed;
+    let mut next = move || {
+        rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let output = g.output();
+    let mut missing = vec![0usize; g.node_bound()];
+    let mut ready = Vec::new();
+    for &id in g.order() {
+        missing[id.index()] = g.inputs(id).len();
+        if missing[id.index()] == 0 && Some(id) != output {
+            ready.push(id);
+        }
+    }
+    let mut order = Vec::with_capacity(g.len());
+    while !ready.is_empty() {
+        let i = (next() % ready.len() as u64) as usize;
+        let id = ready.swap_remove(i);
+        order.push(id);
+        for u in g.users(id) {
+            missing[u.index()] -= 1;
+            if missing[u.index()] == 0 && Some(u) != output {
+                ready.push(u);
+            }
+        }
+    }
+    order.extend(output);
+    assert_eq!(order.len(), g.len(), "the graph is acyclic");
+    order
+}
+
+/// Every fixture file under tests/fixtures (exported graphs, bundles, edge cases), sorted.
+pub fn fixture_files() -> Vec<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    let mut out = Vec::new();
+    let mut stack = vec![root];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "json") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A fixture by file name under tests/fixtures.
+pub fn fixture(name: &str) -> zerosched_ir::Program {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name);
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    zerosched_ir::import(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
