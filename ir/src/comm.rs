@@ -59,7 +59,8 @@ pub enum CommOp {
 
 impl CommOp {
     pub fn of(node: &Node) -> Option<CommOp> {
-        if node.op != crate::Op::CallFunction {
+        // Most nodes are aten ops: one prefix test turns them away before any full compare.
+        if node.op != crate::Op::CallFunction || !node.target.starts_with("zerosched.") {
             return None;
         }
         Some(match node.target.as_str() {

@@ -178,7 +178,7 @@ fn matmul_flops(g: &Graph, id: NodeId) -> (f64, Option<Dtype>) {
     let n = g.node(id);
     let op = n.target.split('.').nth(1).unwrap_or("");
     let (a, b) = match op {
-        "mm" | "bmm" | "matmul" => (n.args.first(), n.args.get(1)),
+        "mm" | "bmm" | "matmul" | "_grouped_mm" => (n.args.first(), n.args.get(1)),
         "addmm" | "baddbmm" | "addbmm" => (n.args.get(1), n.args.get(2)),
         "_scaled_dot_product_flash_attention"
         | "_scaled_dot_product_efficient_attention"

@@ -70,6 +70,15 @@ pub enum PassError {
     Graph { graph: String, problem: Problem },
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
+    #[error(
+        "graph `{graph}`: the `{scheduler}` schedule holds {peak} bytes of gathered parameters, over the budget of {budget}"
+    )]
+    OverBudget {
+        graph: String,
+        scheduler: &'static str,
+        peak: u64,
+        budget: u64,
+    },
     #[error("after pass `{pass}`, the program is invalid:\n{diagnostics}")]
     Invalid {
         pass: &'static str,
@@ -156,6 +165,16 @@ impl Pass for Schedule {
             .ok_or_else(|| PassError::UnknownScheduler(opts.scheduler.clone()))?;
         for (i, g) in p.graphs.iter_mut().enumerate() {
             let report = scheduler.schedule(g, &opts.schedule)?;
+            // A scheduler that does not plan for memory (deepcompile) may overrun the budget;
+            // that is an error whether or not the checker runs.
+            if report.peak_gathered > opts.schedule.budget {
+                return Err(PassError::OverBudget {
+                    graph: g.label().to_owned(),
+                    scheduler: scheduler.name(),
+                    peak: report.peak_gathered,
+                    budget: opts.schedule.budget,
+                });
+            }
             graph_report(cx, i, g.label()).schedule = report;
         }
         Ok(())
