@@ -48,6 +48,7 @@ impl Default for PipelineOptions {
 pub struct GraphReport {
     pub name: String,
     pub insert: InsertReport,
+    pub rewrite: crate::rewrite::RewriteReport,
     pub schedule: ScheduleReport,
 }
 
@@ -68,6 +69,8 @@ pub enum PassError {
     UnknownScheduler(String),
     #[error("graph `{graph}`: {problem}")]
     Graph { graph: String, problem: Problem },
+    #[error("graph `{graph}`: rewrite stage: {message}")]
+    Rewrite { graph: String, message: String },
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
     #[error(
@@ -109,6 +112,9 @@ pub trait Pass {
 /// Inserts gathers, waits, releases and reductions into every graph.
 pub struct Insert;
 
+/// The egg stage: cast fusion, keep-instead-of-regather, canonical alias chains.
+pub struct Rewrite;
+
 /// Orders every graph with the chosen scheduler.
 pub struct Schedule;
 
@@ -140,6 +146,33 @@ impl Pass for Insert {
                 problem,
             })?;
             graph_report(cx, i, g.label()).insert = report;
+        }
+        Ok(())
+    }
+}
+
+impl Pass for Rewrite {
+    fn name(&self) -> &'static str {
+        "rewrite"
+    }
+    fn needs(&self) -> &'static [Fact] {
+        &[Fact::Inserted]
+    }
+    fn gives(&self) -> &'static [Fact] {
+        &[]
+    }
+    fn run(&self, p: &mut Program, opts: &PipelineOptions, cx: &mut Context) -> Result<(), PassError> {
+        let ro = crate::rewrite::RewriteOptions {
+            budget: opts.schedule.budget,
+            world_size: opts.schedule.world_size,
+            ..crate::rewrite::RewriteOptions::default()
+        };
+        for (i, g) in p.graphs.iter_mut().enumerate() {
+            let report = crate::rewrite::rewrite(g, &ro).map_err(|e| PassError::Rewrite {
+                graph: g.label().to_owned(),
+                message: e.to_string(),
+            })?;
+            graph_report(cx, i, g.label()).rewrite = report;
         }
         Ok(())
     }
@@ -215,7 +248,7 @@ fn graph_report<'a>(cx: &'a mut Context, i: usize, name: &str) -> &'a mut GraphR
 
 /// The standard pipeline, in order.
 pub fn standard() -> Vec<Box<dyn Pass>> {
-    vec![Box::new(Insert), Box::new(Schedule), Box::new(Keep)]
+    vec![Box::new(Insert), Box::new(Rewrite), Box::new(Schedule), Box::new(Keep)]
 }
 
 /// Names of the standard passes, for `--disable` and `--dump-after`.

@@ -1,7 +1,7 @@
 """Export AOTAutograd forward/backward graphs to fx-graph v1 JSON.
 
-The format is specified in shared/spec/fx-graph-v1.md and, inside the project, by
-docs/fx-graph-v1.schema.json and docs/export.md.  The entry points are:
+The format is specified in docs/format.md, with its JSON Schema in
+docs/fx-graph-v1.schema.json; docs/export.md describes the exporter.  The entry points are:
 
 * :func:`capture` -- run one training step of a module under ``torch.compile`` with a
   recording AOTAutograd backend and return every forward and backward graph, in execution
