@@ -2,6 +2,7 @@
 //! and reports live here so that tests and benchmarks use exactly what the tool uses.
 
 pub mod budget;
+pub mod exec;
 pub mod default_program;
 pub mod io;
 pub mod report;
