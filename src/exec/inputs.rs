@@ -1,8 +1,8 @@
 //! Graph inputs: seeded random tensors of the metadata's shapes and dtypes, integer inputs in
 //! the ranges their consumers accept, or real tensors from `.npy` files.
 //!
-//! Every tensor is drawn from its own ChaCha8 stream, seeded by `--seed`, the input's name and
-//! the rank's data stream, so the same input gets the same data whichever graph (original or
+//! Every tensor is drawn from its own SplitMix64 stream (tiny, fast even in debug builds, and
+//! the same on every machine), seeded by `--seed`, the input's name and the rank's data stream, so the same input gets the same data whichever graph (original or
 //! scheduled) asks for it. Parameters are seeded by their fully qualified name and are the
 //! same on every rank (each rank then keeps its shard); other inputs (token ids, activations)
 //! differ per rank, as a data-parallel batch does.
@@ -14,8 +14,6 @@
 
 use super::cpu::Tensor;
 use ndarray::{ArrayD, IxDyn};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use std::path::Path;
 use zerosched_ir::{Arg, Dim, Dtype, Graph, NodeId, Param, TensorMeta, Val};
@@ -54,9 +52,10 @@ impl Inputs {
         })
     }
 
-    fn rng(&self, name: &str, stream: u64) -> ChaCha8Rng {
-        let mut r = ChaCha8Rng::seed_from_u64(self.seed ^ fnv(name));
-        r.set_stream(stream);
+    fn rng(&self, name: &str, stream: u64) -> SplitMix {
+        let mut r = SplitMix(self.seed ^ fnv(name));
+        r.0 ^= r.next().wrapping_add(stream.wrapping_mul(0xd134_2543_de82_ef95));
+        r.next();
         r
     }
 
@@ -140,15 +139,15 @@ fn read_npy(f: &Path) -> Result<Tensor, String> {
     }
 }
 
-fn random(rng: &mut ChaCha8Rng, shape: &[usize], dtype: Dtype, scale: f64, bound: i64) -> Result<Tensor, String> {
+fn random(rng: &mut SplitMix, shape: &[usize], dtype: Dtype, scale: f64, bound: i64) -> Result<Tensor, String> {
     let n: usize = shape.iter().product();
     if dtype.is_floating() {
-        let v: Vec<f64> = (0..n).map(|_| (rng.random::<f64>() * 2.0 - 1.0) * scale).collect();
+        let v: Vec<f64> = (0..n).map(|_| (rng.unit() * 2.0 - 1.0) * scale).collect();
         let a = ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| e.to_string())?;
         <f64 as super::cpu::tensor::Elem>::wrap(a, dtype)
     } else {
         let hi = bound.max(1);
-        let v: Vec<i64> = (0..n).map(|_| rng.random_range(0..hi)).collect();
+        let v: Vec<i64> = (0..n).map(|_| (rng.next() % hi as u64) as i64).collect();
         let a = ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| e.to_string())?;
         <i64 as super::cpu::tensor::Elem>::wrap(a, dtype)
     }
@@ -201,4 +200,22 @@ pub fn int_bound(g: &Graph, id: NodeId) -> Option<i64> {
         }
     }
     best
+}
+
+/// SplitMix64 (Steele, Lea and Flood 2014): a 64-bit state, one multiply-xorshift per draw.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1), 53 bits.
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
 }

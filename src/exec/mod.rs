@@ -596,7 +596,7 @@ impl<B: Backend> Executor<B> {
                     _ => None,
                 };
                 let is_dead = matches!(ranks[0].values[v as usize], Value::Dead);
-                if let Some((how, by)) = freed.filter(|_| real || plan.comm[i].is_some()) {
+                if let Some((how, by)) = freed.filter(|_| real) {
                     return Err(ExecError::UseAfterFree {
                         graph: graph.clone(),
                         node: n.name.clone(),
@@ -606,7 +606,9 @@ impl<B: Backend> Executor<B> {
                         by: g.node(by).name.clone(),
                     });
                 }
-                if freed.is_some() || is_dead {
+                // A release's `after` references only order it.
+                let orders_only = matches!(plan.comm[i], Some(CommOp::Release | CommOp::Keep));
+                if (freed.is_some() || is_dead) && !orders_only {
                     if real {
                         return Err(node_err(
                             id,
@@ -732,7 +734,10 @@ impl<B: Backend> Executor<B> {
                                 id,
                                 values: &rk.values,
                             };
-                            self.backend.compute(&env).map_err(|m| node_err(id, m))?
+                            let t0 = std::time::Instant::now();
+                            let v = self.backend.compute(&env).map_err(|m| node_err(id, m))?;
+                            if std::env::var_os("ZS_PROF").is_some() { eprintln!("PROF {} {} {}", n.target, n.name, t0.elapsed().as_micros()); }
+                            v
                         };
                         if plan.class[i] == i as u32 {
                             let bytes = match &v {

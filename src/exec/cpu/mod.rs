@@ -175,17 +175,23 @@ impl Backend for Cpu {
     }
 
     fn reduce(&mut self, grads: &[&Tensor], sharded: bool, world: u32) -> Result<Vec<Tensor>, String> {
-        let first = *grads.first().ok_or("no ranks")?;
-        // Left to right in rank order: the reference sums its per-rank gradients the same way.
-        let mut sum = first.clone();
-        for g in &grads[1..] {
-            sum = elementwise::add_tensors(&sum, g, first.dtype)?;
-        }
+        let sum = sum_in_rank_order(grads)?;
         if !sharded {
             return Ok(grads.iter().map(|_| sum.clone()).collect());
         }
         (0..world).map(|r| self.shard(&sum, world, r)).collect()
     }
+}
+
+/// The elementwise sum of one tensor per rank, left to right in rank order (how every
+/// reduction here sums, so a reference can reproduce its bits).
+pub fn sum_in_rank_order(ts: &[&Tensor]) -> Result<Tensor, String> {
+    let first = *ts.first().ok_or("no ranks")?;
+    let mut sum = first.clone();
+    for t in &ts[1..] {
+        sum = elementwise::add_tensors(&sum, t, first.dtype)?;
+    }
+    Ok(sum)
 }
 
 fn zero_like<T: tensor::Elem>(_: &[T]) -> T {
