@@ -2,8 +2,8 @@
 //! and reports live here so that tests and benchmarks use exactly what the tool uses.
 
 pub mod budget;
-pub mod exec;
 pub mod default_program;
+pub mod exec;
 pub mod io;
 pub mod report;
 pub mod summary;

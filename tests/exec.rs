@@ -46,7 +46,11 @@ fn schedule(p: &Program, scheduler: &str, world: u32) -> Program {
     s
 }
 
-fn run(p: &Program, world: u32, streams: Option<Vec<u32>>) -> Result<ProgramRun<Tensor>, ExecError> {
+fn run(
+    p: &Program,
+    world: u32,
+    streams: Option<Vec<u32>>,
+) -> Result<ProgramRun<Tensor>, ExecError> {
     let inputs = Inputs {
         data_streams: streams,
         ..Inputs::new(SEED)
@@ -57,7 +61,9 @@ fn run(p: &Program, world: u32, streams: Option<Vec<u32>>) -> Result<ProgramRun<
 
 /// One-rank runs of the original, one per rank's data stream.
 fn references(p: &Program, world: u32) -> Vec<ProgramRun<Tensor>> {
-    (0..world).map(|r| run(p, 1, Some(vec![r])).expect("reference run")).collect()
+    (0..world)
+        .map(|r| run(p, 1, Some(vec![r])).expect("reference run"))
+        .collect()
 }
 
 fn shape(t: &Tensor) -> Vec<usize> {
@@ -78,7 +84,9 @@ fn assert_same(what: &str, got: &Tensor, want: &Tensor) {
 
 /// Whether output `slot` of scheduled graph `g` returns a sharded parameter's placeholder.
 fn returns_shard(g: &Graph, slot: usize) -> bool {
-    let inserted = g.nodes().any(|(_, n)| zerosched_ir::comm::CommOp::of(n).is_some());
+    let inserted = g
+        .nodes()
+        .any(|(_, n)| zerosched_ir::comm::CommOp::of(n).is_some());
     g.output_values()
         .get(slot)
         .and_then(|a| a.as_node())
@@ -88,9 +96,21 @@ fn returns_shard(g: &Graph, slot: usize) -> bool {
 
 fn compare(label: &str, refs: &[ProgramRun<Tensor>], sched: &Program, world: u32) {
     let got = run(sched, world, None).unwrap_or_else(|e| panic!("{label}: {e}"));
-    let sim = simulate_program(sched, &SimOptions { world_size: world, ..SimOptions::default() });
-    let checked = check_program(sched, &CheckOptions { budget: u64::MAX, world_size: world })
-        .unwrap_or_else(|v| panic!("{label}: checker: {v}"));
+    let sim = simulate_program(
+        sched,
+        &SimOptions {
+            world_size: world,
+            ..SimOptions::default()
+        },
+    );
+    let checked = check_program(
+        sched,
+        &CheckOptions {
+            budget: u64::MAX,
+            world_size: world,
+        },
+    )
+    .unwrap_or_else(|v| panic!("{label}: checker: {v}"));
     let mut cpu = Cpu;
     for (gi, g) in sched.graphs.iter().enumerate() {
         let gr = &got.graphs[gi];
@@ -99,8 +119,10 @@ fn compare(label: &str, refs: &[ProgramRun<Tensor>], sched: &Program, world: u32
         assert_eq!(gr.outputs[0].len(), slots, "{label}: output count");
         for slot in 0..slots {
             let what = format!("{label} {} output {slot}", g.label());
-            let want: Vec<Option<&Tensor>> =
-                refs.iter().map(|r| r.graphs[gi].outputs[0][slot].as_ref()).collect();
+            let want: Vec<Option<&Tensor>> = refs
+                .iter()
+                .map(|r| r.graphs[gi].outputs[0][slot].as_ref())
+                .collect();
             let have: Vec<Option<&Tensor>> = gr.outputs.iter().map(|o| o[slot].as_ref()).collect();
             if want[0].is_none() {
                 assert!(have.iter().all(Option::is_none), "{what}: expected None");
@@ -122,10 +144,25 @@ fn compare(label: &str, refs: &[ProgramRun<Tensor>], sched: &Program, world: u32
             }
         }
         let measured = gr.memory.iter().map(|c| c.peak_gathered).max().unwrap_or(0);
-        assert!(gr.memory.iter().all(|c| c.peak_gathered == measured), "{label}: ranks differ");
-        assert_eq!(measured, sim.graphs[gi].summary.peak_gathered_bytes, "{label} {}: simulator", g.label());
-        assert_eq!(measured, checked[gi].peak_gathered, "{label} {}: checker", g.label());
-        if g.nodes().any(|(_, n)| zerosched_ir::comm::CommOp::of(n).is_some()) {
+        assert!(
+            gr.memory.iter().all(|c| c.peak_gathered == measured),
+            "{label}: ranks differ"
+        );
+        assert_eq!(
+            measured,
+            sim.graphs[gi].summary.peak_gathered_bytes,
+            "{label} {}: simulator",
+            g.label()
+        );
+        assert_eq!(
+            measured,
+            checked[gi].peak_gathered,
+            "{label} {}: checker",
+            g.label()
+        );
+        if g.nodes()
+            .any(|(_, n)| zerosched_ir::comm::CommOp::of(n).is_some())
+        {
             assert!(measured > 0, "{label}: nothing gathered");
         }
     }
@@ -137,7 +174,12 @@ fn prove(name: &str, worlds: &[u32], schedulers: &[&str]) {
     let refs = references(&p, max);
     for &world in worlds {
         for &s in schedulers {
-            compare(&format!("{name} {s} x{world}"), &refs[..world as usize], &schedule(&p, s, world), world);
+            compare(
+                &format!("{name} {s} x{world}"),
+                &refs[..world as usize],
+                &schedule(&p, s, world),
+                world,
+            );
         }
     }
 }
@@ -179,7 +221,10 @@ fn qwen2_moe_batched_forward_and_backward_alone() {
 #[test]
 fn loss_is_near_log_vocab() {
     let r = run(&fixture("llama_fwd_0"), 1, None).expect("run");
-    let loss = r.graphs[0].outputs[0][0].as_ref().expect("loss").to_f64_vec()[0];
+    let loss = r.graphs[0].outputs[0][0]
+        .as_ref()
+        .expect("loss")
+        .to_f64_vec()[0];
     assert!((loss - 256f64.ln()).abs() < 0.1, "loss {loss}");
 }
 
@@ -205,23 +250,40 @@ fn broken_schedule_fails_loudly() {
     kwargs.insert("after".into(), zerosched_ir::Arg::List(vec![]));
     let args = g.node(release).args.clone();
     g.set_args(release, args, kwargs).expect("edit");
-    let mut order: Vec<_> = g.order().iter().copied().filter(|&n| n != release).collect();
+    let mut order: Vec<_> = g
+        .order()
+        .iter()
+        .copied()
+        .filter(|&n| n != release)
+        .collect();
     let at = order.iter().position(|&n| n == wait).expect("wait") + 1;
     order.insert(at, release);
     g.set_order(order).expect("still a topological order");
     zerosched_ir::verify::program(&p).expect("structurally valid");
-    assert!(check_program(&p, &CheckOptions { budget: u64::MAX, world_size: 2 }).is_err());
+    assert!(
+        check_program(
+            &p,
+            &CheckOptions {
+                budget: u64::MAX,
+                world_size: 2
+            }
+        )
+        .is_err()
+    );
     // The first real use after the release, in the new order: a view of the wait (a permute)
     // is not a real use, so it may be the view's consumer.
     let err = run(&p, 2, None).expect_err("must fail");
     let msg = err.to_string();
     match &err {
-        ExecError::UseAfterFree { node, how, by, .. } => {
-            assert_eq!(*how, "released", "{msg}");
-            assert_eq!(by, &p.graphs[0].node(release).name, "{msg}");
-            let reader = p.graphs[0].node_by_name(node).expect("named node");
+        ExecError::UseAfterFree(u) => {
+            assert_eq!(u.how, "released", "{msg}");
+            assert_eq!(u.by, p.graphs[0].node(release).name, "{msg}");
+            let reader = p.graphs[0].node_by_name(&u.node).expect("named node");
             let pos = p.graphs[0].positions();
-            assert!(pos[reader] <= pos[first_use] || uses.contains(&reader), "{msg}");
+            assert!(
+                pos[reader] <= pos[first_use] || uses.contains(&reader),
+                "{msg}"
+            );
         }
         other => panic!("wrong error: {other}"),
     }
@@ -242,7 +304,10 @@ fn unsupported_op_is_named_before_running() {
     let err = run(&p, 1, None).expect_err("must refuse");
     let msg = err.to_string();
     assert!(matches!(err, ExecError::Unsupported { .. }), "{msg}");
-    assert!(msg.contains("aten.frobnicate.default") && msg.contains(&name), "{msg}");
+    assert!(
+        msg.contains("aten.frobnicate.default") && msg.contains(&name),
+        "{msg}"
+    );
 }
 
 /// Same seed, same bits; another seed, other data.
@@ -257,4 +322,46 @@ fn inputs_are_seeded() {
     let mut exec = Executor::new(Cpu, ExecOptions { world_size: 1 });
     let c = run_program(&mut exec, &p, &inputs).expect("run");
     assert!(!loss(&a).bitwise_eq(&loss(&c)));
+}
+
+/// A dry run (sizes only) of a scheduled 70B-shape program measures the simulator's peaks on
+/// every rank: gathered bytes exactly; total bytes up to the padding of reduce-scatter shards
+/// (the executor holds `ceil(numel / N)` elements, the simulator counts `ceil(bytes / N)`
+/// bytes: at most one element less per reduction).
+#[test]
+fn dry_run_measures_the_simulated_peaks() {
+    use zerosched::exec::dry::Dry;
+    let path = format!(
+        "{}/benches/data/llama70b_l8.program.json.gz",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let p = zerosched::io::read_program(std::path::Path::new(&path)).expect("bench data");
+    let world = 8;
+    let s = schedule(&p, "prefetch", world);
+    let mut exec = Executor::new(Dry, ExecOptions { world_size: world });
+    let got = run_program(&mut exec, &s, &Inputs::new(0)).expect("dry run");
+    let sim = simulate_program(
+        &s,
+        &SimOptions {
+            world_size: world,
+            ..SimOptions::default()
+        },
+    );
+    for (g, want) in got.graphs.iter().zip(&sim.graphs) {
+        for c in &g.memory {
+            assert_eq!(
+                c.peak_gathered, want.summary.peak_gathered_bytes,
+                "{}",
+                g.graph
+            );
+            let slack = 4 * want.summary.reductions as u64;
+            assert!(
+                c.peak.abs_diff(want.summary.peak_total_bytes) <= slack,
+                "{}: {} vs {}",
+                g.graph,
+                c.peak,
+                want.summary.peak_total_bytes
+            );
+        }
+    }
 }

@@ -54,13 +54,19 @@ pub fn run(args: Args) -> Result<(), Failure> {
             },
             ..Default::default()
         };
-        zerosched_passes::pipeline::run(&zerosched_passes::pipeline::standard(), &mut program, &opts)?;
+        zerosched_passes::pipeline::run(
+            &zerosched_passes::pipeline::standard(),
+            &mut program,
+            &opts,
+        )?;
     }
     let mut inputs = Inputs::new(args.seed);
     if let Some(p) = &args.inputs {
         inputs.load(p)?;
     }
-    let opts = ExecOptions { world_size: args.world_size };
+    let opts = ExecOptions {
+        world_size: args.world_size,
+    };
     println!(
         "{label}: {} on {} rank{}{}",
         args.executor,
@@ -93,7 +99,8 @@ fn report<T>(
 ) -> Result<(), Failure> {
     let elapsed = started.elapsed();
     let scheduled = program.graphs.iter().any(|g| {
-        g.nodes().any(|(_, n)| zerosched_ir::comm::CommOp::of(n).is_some())
+        g.nodes()
+            .any(|(_, n)| zerosched_ir::comm::CommOp::of(n).is_some())
     });
     let sim = scheduled.then(|| {
         simulate_program(
@@ -124,7 +131,11 @@ fn report<T>(
         }
         let peaks: Vec<String> = g.memory.iter().map(|c| bytes(c.peak)).collect();
         let gathered = g.memory.iter().map(|c| c.peak_gathered).max().unwrap_or(0);
-        print!("  peak memory per rank: {}; peak gathered: {}", peaks.join(", "), bytes(gathered));
+        print!(
+            "  peak memory per rank: {}; peak gathered: {}",
+            peaks.join(", "),
+            bytes(gathered)
+        );
         if let Some(s) = sim.as_ref().and_then(|s| s.graphs.get(gi)) {
             print!(
                 " (simulator: peak {}, peak gathered {})",

@@ -48,7 +48,10 @@ mod tests {
         c.alloc(5, true);
         c.free(10, false);
         c.alloc(3, true);
-        assert_eq!((c.live, c.peak, c.live_gathered, c.peak_gathered), (8, 15, 8, 8));
+        assert_eq!(
+            (c.live, c.peak, c.live_gathered, c.peak_gathered),
+            (8, 15, 8, 8)
+        );
         c.free(8, true);
         assert_eq!((c.live, c.live_gathered), (0, 0));
     }

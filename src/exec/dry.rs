@@ -38,7 +38,9 @@ impl Backend for Dry {
     fn compute(&mut self, env: &Env<'_, DryTensor>) -> Result<Value<DryTensor>, String> {
         Ok(match &env.node().meta.val {
             Some(Val::Tensor(t)) => Value::Tensor(DryTensor::of(t)),
-            Some(Val::Tuple(ts)) => Value::List(ts.iter().map(|t| t.as_ref().map(DryTensor::of)).collect()),
+            Some(Val::Tuple(ts)) => {
+                Value::List(ts.iter().map(|t| t.as_ref().map(DryTensor::of)).collect())
+            }
             _ => Value::None,
         })
     }
@@ -66,7 +68,11 @@ impl Backend for Dry {
         })
     }
 
-    fn all_gather(&mut self, shards: &[&DryTensor], dtype: Option<Dtype>) -> Result<DryTensor, String> {
+    fn all_gather(
+        &mut self,
+        shards: &[&DryTensor],
+        dtype: Option<Dtype>,
+    ) -> Result<DryTensor, String> {
         let first = shards.first().ok_or("no ranks")?;
         Ok(DryTensor {
             numel: shards.iter().map(|s| s.numel).sum(),
@@ -81,11 +87,20 @@ impl Backend for Dry {
         })
     }
 
-    fn reduce(&mut self, grads: &[&DryTensor], sharded: bool, world: u32) -> Result<Vec<DryTensor>, String> {
+    fn reduce(
+        &mut self,
+        grads: &[&DryTensor],
+        sharded: bool,
+        world: u32,
+    ) -> Result<Vec<DryTensor>, String> {
         Ok(grads
             .iter()
             .map(|g| DryTensor {
-                numel: if sharded { g.numel.div_ceil(u64::from(world.max(1))) } else { g.numel },
+                numel: if sharded {
+                    g.numel.div_ceil(u64::from(world.max(1)))
+                } else {
+                    g.numel
+                },
                 dtype: g.dtype,
             })
             .collect())

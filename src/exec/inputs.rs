@@ -30,7 +30,9 @@ pub struct Inputs {
 
 /// FNV-1a: a stable hash of a name (no random state).
 fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 fn shape_of(t: &TensorMeta) -> Vec<usize> {
@@ -54,7 +56,9 @@ impl Inputs {
 
     fn rng(&self, name: &str, stream: u64) -> SplitMix {
         let mut r = SplitMix(self.seed ^ fnv(name));
-        r.0 ^= r.next().wrapping_add(stream.wrapping_mul(0xd134_2543_de82_ef95));
+        r.0 ^= r
+            .next()
+            .wrapping_add(stream.wrapping_mul(0xd134_2543_de82_ef95));
         r.next();
         r
     }
@@ -123,23 +127,38 @@ impl Inputs {
 }
 
 fn read_npy(f: &Path) -> Result<Tensor, String> {
-    use ndarray_npy::ReadNpyExt;
     use super::cpu::tensor::Data;
+    use ndarray_npy::ReadNpyExt;
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", f.display());
     let bytes = std::fs::read(f).map_err(|e| err(&e))?;
     if let Ok(a) = ArrayD::<f32>::read_npy(bytes.as_slice()) {
-        return Ok(Tensor { dtype: Dtype::Float32, data: Data::F32(a.into_shared()) });
+        return Ok(Tensor {
+            dtype: Dtype::Float32,
+            data: Data::F32(a.into_shared()),
+        });
     }
     if let Ok(a) = ArrayD::<f64>::read_npy(bytes.as_slice()) {
-        return Ok(Tensor { dtype: Dtype::Float64, data: Data::F64(a.into_shared()) });
+        return Ok(Tensor {
+            dtype: Dtype::Float64,
+            data: Data::F64(a.into_shared()),
+        });
     }
     match ArrayD::<i64>::read_npy(bytes.as_slice()) {
-        Ok(a) => Ok(Tensor { dtype: Dtype::Int64, data: Data::I64(a.into_shared()) }),
+        Ok(a) => Ok(Tensor {
+            dtype: Dtype::Int64,
+            data: Data::I64(a.into_shared()),
+        }),
         Err(e) => Err(err(&format!("not an f32, f64 or i64 array: {e}"))),
     }
 }
 
-fn random(rng: &mut SplitMix, shape: &[usize], dtype: Dtype, scale: f64, bound: i64) -> Result<Tensor, String> {
+fn random(
+    rng: &mut SplitMix,
+    shape: &[usize],
+    dtype: Dtype,
+    scale: f64,
+    bound: i64,
+) -> Result<Tensor, String> {
     let n: usize = shape.iter().product();
     if dtype.is_floating() {
         let v: Vec<f64> = (0..n).map(|_| (rng.unit() * 2.0 - 1.0) * scale).collect();
@@ -160,7 +179,9 @@ fn dim_size(g: &Graph, a: Option<&Arg<NodeId>>, dim: i64) -> Option<i64> {
     };
     let rank = t.shape.len() as i64;
     let d = if dim < 0 { dim + rank } else { dim };
-    t.shape.get(usize::try_from(d).ok()?).map(|s| s.hint() as i64)
+    t.shape
+        .get(usize::try_from(d).ok()?)
+        .map(|s| s.hint() as i64)
 }
 
 /// The smallest size any consumer indexes with `id`'s values, followed through views.
@@ -181,12 +202,16 @@ pub fn int_bound(g: &Graph, id: NodeId) -> Option<i64> {
             };
             let bound = match n.target.as_str() {
                 "aten.embedding.default" if is(n.args.get(1)) => dim_size(g, n.args.first(), 0),
-                "aten.index.Tensor" | "aten.index_put.default" => position_in(n.args.get(1))
-                    .and_then(|k| dim_size(g, n.args.first(), k as i64)),
+                "aten.index.Tensor" | "aten.index_put.default" => {
+                    position_in(n.args.get(1)).and_then(|k| dim_size(g, n.args.first(), k as i64))
+                }
                 "aten.gather.default" | "aten.scatter.value" | "aten.scatter.src"
                     if is(n.args.get(2)) =>
                 {
-                    n.args.get(1).and_then(Arg::as_int).and_then(|d| dim_size(g, n.args.first(), d))
+                    n.args
+                        .get(1)
+                        .and_then(Arg::as_int)
+                        .and_then(|d| dim_size(g, n.args.first(), d))
                 }
                 t if zerosched_ir::aten::is_view(t) || t == "aten.clone.default" => {
                     stack.push(u);

@@ -167,18 +167,8 @@ pub enum ExecError {
         /// (node, target) for each node it cannot run, in program order.
         missing: Vec<(String, String)>,
     },
-    #[error(
-        "graph `{graph}`: node `{node}` reads `{value}`, whose storage `{storage}` was {how} by `{by}` before it: the schedule frees memory that is still in use"
-    )]
-    UseAfterFree {
-        graph: String,
-        node: String,
-        value: String,
-        storage: String,
-        /// "released" (by a release) or "freed" (by liveness).
-        how: &'static str,
-        by: String,
-    },
+    #[error(transparent)]
+    UseAfterFree(Box<UseAfterFree>),
     #[error("graph `{graph}`, node `{node}` (`{target}`): {message}")]
     Node {
         graph: String,
@@ -188,6 +178,21 @@ pub enum ExecError {
     },
     #[error("graph `{graph}`: {message}")]
     Graph { graph: String, message: String },
+}
+
+/// A read of storage that a release (or liveness) had already freed.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "graph `{graph}`: node `{node}` reads `{value}`, whose storage `{storage}` was {how} by `{by}` before it: the schedule frees memory that is still in use"
+)]
+pub struct UseAfterFree {
+    pub graph: String,
+    pub node: String,
+    pub value: String,
+    pub storage: String,
+    /// "released" (by a release) or "freed" (by liveness).
+    pub how: &'static str,
+    pub by: String,
 }
 
 #[derive(Clone, Debug)]
@@ -223,7 +228,13 @@ impl<T> ProgramRun<T> {
     pub fn peak_per_rank(&self) -> Vec<u64> {
         let ranks = self.graphs.first().map_or(0, |g| g.memory.len());
         (0..ranks)
-            .map(|r| self.graphs.iter().map(|g| g.memory[r].peak).max().unwrap_or(0))
+            .map(|r| {
+                self.graphs
+                    .iter()
+                    .map(|g| g.memory[r].peak)
+                    .max()
+                    .unwrap_or(0)
+            })
             .collect()
     }
 
@@ -460,7 +471,9 @@ pub struct Executor<B: Backend> {
 
 impl<B: Backend> Executor<B> {
     pub fn new(backend: B, opts: ExecOptions) -> Executor<B> {
-        let kept = (0..opts.world_size.max(1)).map(|_| BTreeMap::new()).collect();
+        let kept = (0..opts.world_size.max(1))
+            .map(|_| BTreeMap::new())
+            .collect();
         Executor {
             backend,
             opts,
@@ -597,14 +610,14 @@ impl<B: Backend> Executor<B> {
                 };
                 let is_dead = matches!(ranks[0].values[v as usize], Value::Dead);
                 if let Some((how, by)) = freed.filter(|_| real) {
-                    return Err(ExecError::UseAfterFree {
+                    return Err(ExecError::UseAfterFree(Box::new(UseAfterFree {
                         graph: graph.clone(),
                         node: n.name.clone(),
                         value: g.node(NodeId::new(v as usize)).name.clone(),
                         storage: g.node(NodeId::new(c as usize)).name.clone(),
                         how,
                         by: g.node(by).name.clone(),
-                    });
+                    })));
                 }
                 // A release's `after` references only order it.
                 let orders_only = matches!(plan.comm[i], Some(CommOp::Release | CommOp::Keep));
@@ -612,7 +625,10 @@ impl<B: Backend> Executor<B> {
                     if real {
                         return Err(node_err(
                             id,
-                            format!("reads `{}`, a view of freed storage", g.node(NodeId::new(v as usize)).name),
+                            format!(
+                                "reads `{}`, a view of freed storage",
+                                g.node(NodeId::new(v as usize)).name
+                            ),
                         ));
                     }
                     dead = true;
@@ -645,14 +661,22 @@ impl<B: Backend> Executor<B> {
                 Some(CommOp::Release) | Some(CommOp::Keep) => {
                     let v = first_arg(n).ok_or_else(|| node_err(id, "no value".into()))?;
                     let c = plan.class[v.index()];
-                    if c == NONE || !matches!(plan.comm[c as usize], Some(CommOp::AllGather | CommOp::Reuse)) {
+                    if c == NONE
+                        || !matches!(
+                            plan.comm[c as usize],
+                            Some(CommOp::AllGather | CommOp::Reuse)
+                        )
+                    {
                         return Err(node_err(id, "releases no gathered storage".into()));
                     }
                     let c = c as usize;
                     match ranks[0].state[c] {
                         State::Live => {}
                         State::Released(by) | State::Kept(by) => {
-                            return Err(node_err(id, format!("`{}` already released it", g.node(by).name)));
+                            return Err(node_err(
+                                id,
+                                format!("`{}` already released it", g.node(by).name),
+                            ));
                         }
                         other => return Err(node_err(id, format!("storage is {other:?}"))),
                     }
@@ -734,15 +758,14 @@ impl<B: Backend> Executor<B> {
                                 id,
                                 values: &rk.values,
                             };
-                            let t0 = std::time::Instant::now();
-                            let v = self.backend.compute(&env).map_err(|m| node_err(id, m))?;
-                            if std::env::var_os("ZS_PROF").is_some() { eprintln!("PROF {} {} {}", n.target, n.name, t0.elapsed().as_micros()); }
-                            v
+                            self.backend.compute(&env).map_err(|m| node_err(id, m))?
                         };
                         if plan.class[i] == i as u32 {
                             let bytes = match &v {
                                 Value::Tensor(t) => self.backend.nbytes(t),
-                                Value::List(ts) => ts.iter().flatten().map(|t| self.backend.nbytes(t)).sum(),
+                                Value::List(ts) => {
+                                    ts.iter().flatten().map(|t| self.backend.nbytes(t)).sum()
+                                }
                                 _ => 0,
                             };
                             rk.bytes[i] = bytes;
@@ -794,4 +817,3 @@ impl<B: Backend> Executor<B> {
         Ok((flat, full))
     }
 }
-

@@ -101,8 +101,11 @@ pub fn run_plans<B: Backend>(
         let run = exec.run_graph(plan, &mut feed)?;
         for (slot, a) in g.output_values().iter().enumerate() {
             let Some(&v) = a.as_node() else { continue };
-            let per_rank: Option<Vec<B::Tensor>> =
-                run.outputs.iter().map(|o| o.get(slot).cloned().flatten()).collect();
+            let per_rank: Option<Vec<B::Tensor>> = run
+                .outputs
+                .iter()
+                .map(|o| o.get(slot).cloned().flatten())
+                .collect();
             if let Some(vals) = per_rank {
                 feed.carried.insert(g.node(v).name.clone(), vals);
             }
@@ -114,7 +117,11 @@ pub fn run_plans<B: Backend>(
 
 /// Reassembles a sharded tensor from every rank's shard: all-gather, then the first
 /// `product(shape)` elements as `shape`.
-pub fn unshard<B: Backend>(b: &mut B, shards: &[&B::Tensor], shape: &[usize]) -> Result<B::Tensor, String> {
+pub fn unshard<B: Backend>(
+    b: &mut B,
+    shards: &[&B::Tensor],
+    shape: &[usize],
+) -> Result<B::Tensor, String> {
     let flat = b.all_gather(shards, None)?;
     b.unflatten(&flat, shape)
 }

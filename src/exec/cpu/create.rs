@@ -19,7 +19,10 @@ fn kw_dtype(env: &Env<'_, Tensor>, fallback: Dtype) -> Dtype {
 }
 
 pub fn full(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
-    let shape: Vec<usize> = ints(env.arg(0)?)?.into_iter().map(|d| d.max(0) as usize).collect();
+    let shape: Vec<usize> = ints(env.arg(0)?)?
+        .into_iter()
+        .map(|d| d.max(0) as usize)
+        .collect();
     let v = number(env.arg(1)?).ok_or("full: value is not a number")?;
     one(filled(&shape, v, kw_dtype(env, Dtype::Float32))?)
 }
@@ -38,7 +41,10 @@ pub fn scalar_tensor(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
 pub fn empty(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let shape = match out_shape(env) {
         Some(s) => s,
-        None => ints(env.arg(0)?)?.into_iter().map(|d| d.max(0) as usize).collect(),
+        None => ints(env.arg(0)?)?
+            .into_iter()
+            .map(|d| d.max(0) as usize)
+            .collect(),
     };
     one(filled(&shape, 0.0, kw_dtype(env, Dtype::Float32))?)
 }
@@ -58,5 +64,8 @@ pub fn arange(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let n = ((end - start) / step).ceil().max(0.0) as usize;
     let v: Vec<f64> = (0..n).map(|i| start + i as f64 * step).collect();
     let a = ArrayD::from_shape_vec(IxDyn(&[n]), v).map_err(|e| e.to_string())?;
-    one(<f64 as super::tensor::Elem>::wrap(a, kw_dtype(env, Dtype::Int64))?)
+    one(<f64 as super::tensor::Elem>::wrap(
+        a,
+        kw_dtype(env, Dtype::Int64),
+    )?)
 }

@@ -13,8 +13,16 @@ pub(crate) fn bcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String
     let n = a.len().max(b.len());
     let mut out = vec![0; n];
     for i in 0..n {
-        let x = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
-        let y = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        let x = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let y = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
         out[i] = match (x, y) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -86,7 +94,13 @@ macro_rules! arith_float {
     }};
 }
 
-pub(crate) fn binary(a: &Tensor, b: &Tensor, dt: Dtype, op: Bin, alpha: Option<f64>) -> Result<Tensor, String> {
+pub(crate) fn binary(
+    a: &Tensor,
+    b: &Tensor,
+    dt: Dtype,
+    op: Bin,
+    alpha: Option<f64>,
+) -> Result<Tensor, String> {
     match kind(dt)? {
         Kind::F32 => arith_float!(f32, a, b, dt, op, alpha),
         Kind::F64 => arith_float!(f64, a, b, dt, op, alpha),
@@ -112,7 +126,12 @@ pub(crate) fn add_tensors(a: &Tensor, b: &Tensor, dt: Dtype) -> Result<Tensor, S
 fn arith(env: &Env<'_, Tensor>, op: Bin) -> Result<Value<Tensor>, String> {
     let a = operand(env, env.arg(0)?)?;
     let b = operand(env, env.arg(1)?)?;
-    let alpha = env.node().kwargs.get("alpha").and_then(number).filter(|&x| x != 1.0);
+    let alpha = env
+        .node()
+        .kwargs
+        .get("alpha")
+        .and_then(number)
+        .filter(|&x| x != 1.0);
     let dt = out_dtype(env, promote(&a, &b));
     one(binary(&a, &b, dt, op, alpha)?)
 }
@@ -156,18 +175,34 @@ pub fn div_mode(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         }
         Kind::F32 => {
             let (x, y) = (f32::get(&a), f32::get(&b));
-            let r = zip2(&x, &y, |p, q| if floor { (p / q).floor() } else { (p / q).trunc() })?;
+            let r = zip2(&x, &y, |p, q| {
+                if floor {
+                    (p / q).floor()
+                } else {
+                    (p / q).trunc()
+                }
+            })?;
             one(f32::wrap(r, dt)?)
         }
         Kind::F64 => {
             let (x, y) = (f64::get(&a), f64::get(&b));
-            let r = zip2(&x, &y, |p, q| if floor { (p / q).floor() } else { (p / q).trunc() })?;
+            let r = zip2(&x, &y, |p, q| {
+                if floor {
+                    (p / q).floor()
+                } else {
+                    (p / q).trunc()
+                }
+            })?;
             one(f64::wrap(r, dt)?)
         }
     }
 }
 
-fn compare(env: &Env<'_, Tensor>, f64op: fn(f64, f64) -> bool, i64op: fn(i64, i64) -> bool) -> Result<Value<Tensor>, String> {
+fn compare(
+    env: &Env<'_, Tensor>,
+    f64op: fn(f64, f64) -> bool,
+    i64op: fn(i64, i64) -> bool,
+) -> Result<Value<Tensor>, String> {
     let a = operand(env, env.arg(0)?)?;
     let b = operand(env, env.arg(1)?)?;
     let floating = a.dtype.is_floating() || b.dtype.is_floating();
@@ -198,7 +233,11 @@ pub fn gt(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     compare(env, |a, b| a > b, |a, b| a > b)
 }
 
-fn bitwise(env: &Env<'_, Tensor>, bop: fn(bool, bool) -> bool, iop: fn(i64, i64) -> i64) -> Result<Value<Tensor>, String> {
+fn bitwise(
+    env: &Env<'_, Tensor>,
+    bop: fn(bool, bool) -> bool,
+    iop: fn(i64, i64) -> i64,
+) -> Result<Value<Tensor>, String> {
     let a = operand(env, env.arg(0)?)?;
     let b = operand(env, env.arg(1)?)?;
     let dt = out_dtype(env, promote(&a, &b));
@@ -224,7 +263,10 @@ fn select3<T: Elem>(c: &Arr<bool>, a: &Arr<T>, b: &Arr<T>) -> Result<ArrayD<T>, 
         a.broadcast(s.clone()).ok_or("broadcast failed")?,
         b.broadcast(s).ok_or("broadcast failed")?,
     );
-    Ok(Zip::from(&cv).and(&av).and(&bv).map_collect(|&c, &x, &y| if c { x } else { y }))
+    Ok(Zip::from(&cv)
+        .and(&av)
+        .and(&bv)
+        .map_collect(|&c, &x, &y| if c { x } else { y }))
 }
 
 /// `where.self(cond, a, b)`.

@@ -2,8 +2,8 @@
 //! `gather` and `scatter`. Indices are checked (an index out of range is an error naming it,
 //! never a panic); negative indices count from the end as in torch.
 
-use super::tensor::{Arr, Data, Elem, Tensor};
 use super::elementwise::bcast_shape;
+use super::tensor::{Arr, Data, Elem, Tensor};
 use super::{Env, Value, flag, int, norm_dim, number, one, out_dtype};
 use ndarray::{ArrayD, Dimension, IxDyn};
 use zerosched_ir::{Arg, NodeId};
@@ -38,7 +38,9 @@ fn fix(i: i64, n: usize) -> Result<usize, String> {
     if (0..n as i64).contains(&x) {
         Ok(x as usize)
     } else {
-        Err(format!("index {i} is out of range for a dimension of size {n}"))
+        Err(format!(
+            "index {i} is out of range for a dimension of size {n}"
+        ))
     }
 }
 
@@ -53,7 +55,9 @@ fn offsets(shape: &[usize], idx: &[Arr<i64>]) -> Result<(Vec<usize>, Vec<usize>)
         b = bcast_shape(&b, i.shape())?;
     }
     let n: usize = b.iter().product();
-    let strides: Vec<usize> = (0..idx.len()).map(|j| shape[j + 1..].iter().product()).collect();
+    let strides: Vec<usize> = (0..idx.len())
+        .map(|j| shape[j + 1..].iter().product())
+        .collect();
     let mut off = vec![0usize; n];
     for (j, i) in idx.iter().enumerate() {
         let v = i.broadcast(IxDyn(&b)).ok_or("index broadcast failed")?;
@@ -85,7 +89,12 @@ fn put_t<T: Acc>(a: &Arr<T>, idx: &[Arr<i64>], v: &Arr<T>, acc: bool) -> Result<
     b.extend_from_slice(&shape[idx.len()..]);
     let vals: Vec<T> = v
         .broadcast(IxDyn(&b))
-        .ok_or_else(|| format!("index_put: values {:?} do not broadcast to {b:?}", v.shape()))?
+        .ok_or_else(|| {
+            format!(
+                "index_put: values {:?} do not broadcast to {b:?}",
+                v.shape()
+            )
+        })?
         .iter()
         .copied()
         .collect();
@@ -104,7 +113,9 @@ fn index_list(env: &Env<'_, Tensor>, a: &Arg<NodeId>) -> Result<Vec<Arr<i64>>, S
     items
         .iter()
         .map(|i| match i {
-            Arg::None => Err("a `None` index (only leading index tensors are supported)".to_owned()),
+            Arg::None => {
+                Err("a `None` index (only leading index tensors are supported)".to_owned())
+            }
             _ => {
                 let t = env.tensor(i)?;
                 if t.dtype == zerosched_ir::Dtype::Bool {
@@ -119,10 +130,34 @@ fn index_list(env: &Env<'_, Tensor>, a: &Arg<NodeId>) -> Result<Vec<Arr<i64>>, S
 macro_rules! on_kind {
     ($t:expr, $T:ident, $a:ident => $e:expr) => {
         match &$t.data {
-            Data::F32($a) => { type $T = f32; Tensor { dtype: $t.dtype, data: Data::F32($e.into_shared()) } }
-            Data::F64($a) => { type $T = f64; Tensor { dtype: $t.dtype, data: Data::F64($e.into_shared()) } }
-            Data::I64($a) => { type $T = i64; Tensor { dtype: $t.dtype, data: Data::I64($e.into_shared()) } }
-            Data::Bool($a) => { type $T = bool; Tensor { dtype: $t.dtype, data: Data::Bool($e.into_shared()) } }
+            Data::F32($a) => {
+                type $T = f32;
+                Tensor {
+                    dtype: $t.dtype,
+                    data: Data::F32($e.into_shared()),
+                }
+            }
+            Data::F64($a) => {
+                type $T = f64;
+                Tensor {
+                    dtype: $t.dtype,
+                    data: Data::F64($e.into_shared()),
+                }
+            }
+            Data::I64($a) => {
+                type $T = i64;
+                Tensor {
+                    dtype: $t.dtype,
+                    data: Data::I64($e.into_shared()),
+                }
+            }
+            Data::Bool($a) => {
+                type $T = bool;
+                Tensor {
+                    dtype: $t.dtype,
+                    data: Data::Bool($e.into_shared()),
+                }
+            }
         }
     };
 }
@@ -158,7 +193,10 @@ pub fn gather(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         for (p, &i) in idx.indexed_iter() {
             let mut q: Vec<usize> = p.slice().to_vec();
             q[d] = fix(i, n)?;
-            out.push(*a.get(q.as_slice()).ok_or("gather: index outside the input")?);
+            out.push(
+                *a.get(q.as_slice())
+                    .ok_or("gather: index outside the input")?,
+            );
         }
         ArrayD::from_shape_vec(IxDyn(idx.shape()), out).map_err(|e| e.to_string())
     }
@@ -173,9 +211,17 @@ pub fn scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let src = env.arg(3)?;
     let src_t = match src.as_node() {
         Some(_) => env.tensor(src)?.clone(),
-        None => Tensor::scalar(number(src).ok_or("scatter: value is not a number")?, x.dtype)?,
+        None => Tensor::scalar(
+            number(src).ok_or("scatter: value is not a number")?,
+            x.dtype,
+        )?,
     };
-    fn go<T: Elem>(a: &Arr<T>, d: usize, idx: &Arr<i64>, src: &Arr<T>) -> Result<ArrayD<T>, String> {
+    fn go<T: Elem>(
+        a: &Arr<T>,
+        d: usize,
+        idx: &Arr<i64>,
+        src: &Arr<T>,
+    ) -> Result<ArrayD<T>, String> {
         let n = a.shape()[d];
         let mut out = a.to_owned();
         let scalar = src.ndim() == 0;
@@ -187,7 +233,8 @@ pub fn scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
             };
             let mut q: Vec<usize> = p.slice().to_vec();
             q[d] = fix(i, n)?;
-            *out.get_mut(q.as_slice()).ok_or("scatter: index outside the input")? = v;
+            *out.get_mut(q.as_slice())
+                .ok_or("scatter: index outside the input")? = v;
         }
         Ok(out)
     }

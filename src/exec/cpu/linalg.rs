@@ -9,7 +9,9 @@ use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, Array3, Axis, Ix2, Ix3, LinalgScalar};
 
 fn mat<T: Clone>(a: &Arr<T>) -> Result<ndarray::ArrayView2<'_, T>, String> {
-    a.view().into_dimensionality::<Ix2>().map_err(|_| format!("expected a matrix, got {:?}", a.shape()))
+    a.view()
+        .into_dimensionality::<Ix2>()
+        .map_err(|_| format!("expected a matrix, got {:?}", a.shape()))
 }
 
 fn mm_t<T: LinalgScalar + Elem>(a: &Tensor, b: &Tensor) -> Result<ndarray::ArrayD<T>, String> {
@@ -25,15 +27,25 @@ fn mm_t<T: LinalgScalar + Elem>(a: &Tensor, b: &Tensor) -> Result<ndarray::Array
 
 fn bmm_t<T: LinalgScalar + Elem>(a: &Tensor, b: &Tensor) -> Result<ndarray::ArrayD<T>, String> {
     let (x, y) = (T::get(a), T::get(b));
-    let x = x.view().into_dimensionality::<Ix3>().map_err(|_| "bmm of a non-3-d tensor")?;
-    let y = y.view().into_dimensionality::<Ix3>().map_err(|_| "bmm of a non-3-d tensor")?;
+    let x = x
+        .view()
+        .into_dimensionality::<Ix3>()
+        .map_err(|_| "bmm of a non-3-d tensor")?;
+    let y = y
+        .view()
+        .into_dimensionality::<Ix3>()
+        .map_err(|_| "bmm of a non-3-d tensor")?;
     let (bs, n, k) = x.dim();
     let (bs2, k2, m) = y.dim();
     if bs != bs2 || k != k2 {
         return Err(format!("bmm of {:?} and {:?}", x.shape(), y.shape()));
     }
     let mut c = Array3::<T>::zeros((bs, n, m));
-    for ((xi, yi), mut ci) in x.axis_iter(Axis(0)).zip(y.axis_iter(Axis(0))).zip(c.axis_iter_mut(Axis(0))) {
+    for ((xi, yi), mut ci) in x
+        .axis_iter(Axis(0))
+        .zip(y.axis_iter(Axis(0)))
+        .zip(c.axis_iter_mut(Axis(0)))
+    {
         general_mat_mul(T::one(), &xi, &yi, T::zero(), &mut ci);
     }
     Ok(c.into_dyn())
@@ -42,9 +54,30 @@ fn bmm_t<T: LinalgScalar + Elem>(a: &Tensor, b: &Tensor) -> Result<ndarray::Arra
 fn product(env: &Env<'_, Tensor>, a: &Tensor, b: &Tensor, batched: bool) -> Result<Tensor, String> {
     let dt = out_dtype(env, a.dtype);
     match kind(dt)? {
-        Kind::F32 => f32::wrap(if batched { bmm_t::<f32>(a, b)? } else { mm_t::<f32>(a, b)? }, dt),
-        Kind::F64 => f64::wrap(if batched { bmm_t::<f64>(a, b)? } else { mm_t::<f64>(a, b)? }, dt),
-        Kind::I64 => i64::wrap(if batched { bmm_t::<i64>(a, b)? } else { mm_t::<i64>(a, b)? }, dt),
+        Kind::F32 => f32::wrap(
+            if batched {
+                bmm_t::<f32>(a, b)?
+            } else {
+                mm_t::<f32>(a, b)?
+            },
+            dt,
+        ),
+        Kind::F64 => f64::wrap(
+            if batched {
+                bmm_t::<f64>(a, b)?
+            } else {
+                mm_t::<f64>(a, b)?
+            },
+            dt,
+        ),
+        Kind::I64 => i64::wrap(
+            if batched {
+                bmm_t::<i64>(a, b)?
+            } else {
+                mm_t::<i64>(a, b)?
+            },
+            dt,
+        ),
         Kind::Bool => Err("matrix product of bool tensors".into()),
     }
 }

@@ -125,7 +125,10 @@ impl Backend for Cpu {
         let t = make()?;
         let shape: Vec<usize> = meta.shape.iter().map(|d| d.hint() as usize).collect();
         if t.shape() != shape.as_slice() {
-            return Err(format!("input has shape {:?}, metadata {shape:?}", t.shape()));
+            return Err(format!(
+                "input has shape {:?}, metadata {shape:?}",
+                t.shape()
+            ));
         }
         t.cast(meta.dtype)
     }
@@ -151,13 +154,48 @@ impl Backend for Cpu {
     fn all_gather(&mut self, shards: &[&Tensor], dtype: Option<Dtype>) -> Result<Tensor, String> {
         let first = shards.first().ok_or("no ranks")?;
         let dtype = dtype.unwrap_or(first.dtype);
-        let cast: Vec<Tensor> = shards.iter().map(|s| s.cast(dtype)).collect::<Result<_, _>>()?;
+        let cast: Vec<Tensor> = shards
+            .iter()
+            .map(|s| s.cast(dtype))
+            .collect::<Result<_, _>>()?;
         let n: usize = cast.iter().map(Tensor::numel).sum();
         let t = match &cast[0].data {
-            Data::F32(_) => cat_flat(&cast, n, |t| match &t.data { Data::F32(a) => Some(a), _ => None }, Data::F32),
-            Data::F64(_) => cat_flat(&cast, n, |t| match &t.data { Data::F64(a) => Some(a), _ => None }, Data::F64),
-            Data::I64(_) => cat_flat(&cast, n, |t| match &t.data { Data::I64(a) => Some(a), _ => None }, Data::I64),
-            Data::Bool(_) => cat_flat(&cast, n, |t| match &t.data { Data::Bool(a) => Some(a), _ => None }, Data::Bool),
+            Data::F32(_) => cat_flat(
+                &cast,
+                n,
+                |t| match &t.data {
+                    Data::F32(a) => Some(a),
+                    _ => None,
+                },
+                Data::F32,
+            ),
+            Data::F64(_) => cat_flat(
+                &cast,
+                n,
+                |t| match &t.data {
+                    Data::F64(a) => Some(a),
+                    _ => None,
+                },
+                Data::F64,
+            ),
+            Data::I64(_) => cat_flat(
+                &cast,
+                n,
+                |t| match &t.data {
+                    Data::I64(a) => Some(a),
+                    _ => None,
+                },
+                Data::I64,
+            ),
+            Data::Bool(_) => cat_flat(
+                &cast,
+                n,
+                |t| match &t.data {
+                    Data::Bool(a) => Some(a),
+                    _ => None,
+                },
+                Data::Bool,
+            ),
         }?;
         Ok(Tensor { dtype, data: t })
     }
@@ -165,7 +203,10 @@ impl Backend for Cpu {
     fn unflatten(&mut self, flat: &Tensor, shape: &[usize]) -> Result<Tensor, String> {
         let n: usize = shape.iter().product();
         if n > flat.numel() {
-            return Err(format!("a buffer of {} elements cannot hold {shape:?}", flat.numel()));
+            return Err(format!(
+                "a buffer of {} elements cannot hold {shape:?}",
+                flat.numel()
+            ));
         }
         let t = map_data!(flat, a => {
             let v: Vec<_> = a.iter().take(n).cloned().collect();
@@ -174,7 +215,12 @@ impl Backend for Cpu {
         Ok(t)
     }
 
-    fn reduce(&mut self, grads: &[&Tensor], sharded: bool, world: u32) -> Result<Vec<Tensor>, String> {
+    fn reduce(
+        &mut self,
+        grads: &[&Tensor],
+        sharded: bool,
+        world: u32,
+    ) -> Result<Vec<Tensor>, String> {
         let sum = sum_in_rank_order(grads)?;
         if !sharded {
             return Ok(grads.iter().map(|_| sum.clone()).collect());
@@ -208,7 +254,11 @@ fn cat_flat<T: Clone>(
     for t in ts {
         v.extend(get(t).ok_or("shards of different dtypes")?.iter().cloned());
     }
-    Ok(wrap(ArrayD::from_shape_vec(IxDyn(&[n]), v).map_err(|e| e.to_string())?.into_shared()))
+    Ok(wrap(
+        ArrayD::from_shape_vec(IxDyn(&[n]), v)
+            .map_err(|e| e.to_string())?
+            .into_shared(),
+    ))
 }
 
 fn getitem(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
@@ -217,7 +267,11 @@ fn getitem(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     match env.value(src)? {
         Value::List(items) => {
             let k = usize::try_from(k).map_err(|_| "negative index")?;
-            Ok(items.get(k).cloned().flatten().map_or(Value::None, Value::Tensor))
+            Ok(items
+                .get(k)
+                .cloned()
+                .flatten()
+                .map_or(Value::None, Value::Tensor))
         }
         _ => Err("getitem of a value that is not a list".into()),
     }
@@ -232,7 +286,9 @@ pub(crate) fn one(t: Tensor) -> Result<Value<Tensor>, String> {
 pub(crate) fn int(a: &Arg<NodeId>) -> Result<i64, String> {
     match a {
         Arg::Bool(b) => Ok(i64::from(*b)),
-        _ => a.as_int().ok_or_else(|| format!("expected an integer, found {a:?}")),
+        _ => a
+            .as_int()
+            .ok_or_else(|| format!("expected an integer, found {a:?}")),
     }
 }
 
@@ -278,5 +334,6 @@ pub(crate) fn out_dtype(env: &Env<'_, Tensor>, fallback: Dtype) -> Dtype {
 }
 
 pub(crate) fn out_shape(env: &Env<'_, Tensor>) -> Option<Vec<usize>> {
-    env.out_meta().map(|m| m.shape.iter().map(|d| d.hint() as usize).collect())
+    env.out_meta()
+        .map(|m| m.shape.iter().map(|d| d.hint() as usize).collect())
 }

@@ -28,26 +28,47 @@ struct Attn<T> {
     mask: Option<ndarray::Array4<T>>,
 }
 
-fn attn_opts<T: F>(env: &Env<'_, Tensor>, q: &Tensor, dropout_pos: usize, l: usize, sz: usize) -> Result<Attn<T>, String> {
+fn attn_opts<T: F>(
+    env: &Env<'_, Tensor>,
+    q: &Tensor,
+    dropout_pos: usize,
+    l: usize,
+    sz: usize,
+) -> Result<Attn<T>, String> {
     let n = env.node();
     if n.args.get(dropout_pos).and_then(number).unwrap_or(0.0) != 0.0 {
         return Err("dropout in attention is not supported".into());
     }
-    let causal = flag(n.args.get(dropout_pos + 1).or(n.kwargs.get("is_causal")), false);
+    let causal = flag(
+        n.args.get(dropout_pos + 1).or(n.kwargs.get("is_causal")),
+        false,
+    );
     let e = *q.shape().last().unwrap_or(&1);
-    let scale = n.kwargs.get("scale").and_then(number).unwrap_or(1.0 / (e as f64).sqrt());
+    let scale = n
+        .kwargs
+        .get("scale")
+        .and_then(number)
+        .unwrap_or(1.0 / (e as f64).sqrt());
     let (b, h) = (q.shape()[0], q.shape()[1]);
     let mask = match n.kwargs.get("attn_mask") {
         Some(a @ Arg::Node(_)) => {
             let m = env.tensor(a)?;
             let add: super::tensor::Arr<T> = if m.dtype == zerosched_ir::Dtype::Bool {
-                bool::get(m).mapv(|keep| if keep { T::zero() } else { T::neg_infinity() }).into_shared()
+                bool::get(m)
+                    .mapv(|keep| if keep { T::zero() } else { T::neg_infinity() })
+                    .into_shared()
             } else {
                 T::get(m)
             };
             let full = add
                 .broadcast(IxDyn(&[b, h, l, sz]))
-                .ok_or_else(|| format!("mask {:?} does not broadcast to {:?}", m.shape(), [b, h, l, sz]))?
+                .ok_or_else(|| {
+                    format!(
+                        "mask {:?} does not broadcast to {:?}",
+                        m.shape(),
+                        [b, h, l, sz]
+                    )
+                })?
                 .to_owned()
                 .into_dimensionality::<Ix4>()
                 .map_err(|e| e.to_string())?;
@@ -55,11 +76,21 @@ fn attn_opts<T: F>(env: &Env<'_, Tensor>, q: &Tensor, dropout_pos: usize, l: usi
         }
         _ => None,
     };
-    Ok(Attn { scale: T::from_f64(scale), causal, mask })
+    Ok(Attn {
+        scale: T::from_f64(scale),
+        causal,
+        mask,
+    })
 }
 
 /// Scores `scale * q k^T + mask` (causal: -inf above the diagonal) for one (batch, head).
-fn scores<T: F>(o: &Attn<T>, q: ArrayView2<'_, T>, k: ArrayView2<'_, T>, b: usize, h: usize) -> Array2<T> {
+fn scores<T: F>(
+    o: &Attn<T>,
+    q: ArrayView2<'_, T>,
+    k: ArrayView2<'_, T>,
+    b: usize,
+    h: usize,
+) -> Array2<T> {
     let (l, sz) = (q.nrows(), k.nrows());
     let mut sc = Array2::<T>::zeros((l, sz));
     general_mat_mul(o.scale, &q, &k.t(), T::zero(), &mut sc);
@@ -77,7 +108,11 @@ fn scores<T: F>(o: &Attn<T>, q: ArrayView2<'_, T>, k: ArrayView2<'_, T>, b: usiz
 }
 
 fn fwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
-    let (qt, kt, vt) = (env.tensor(env.arg(0)?)?, env.tensor(env.arg(1)?)?, env.tensor(env.arg(2)?)?);
+    let (qt, kt, vt) = (
+        env.tensor(env.arg(0)?)?,
+        env.tensor(env.arg(1)?)?,
+        env.tensor(env.arg(2)?)?,
+    );
     let (qa, ka, va) = (T::get(qt), T::get(kt), T::get(vt));
     let (q, k, v) = (view4(&qa)?, view4(&ka)?, view4(&va)?);
     let (bs, h, l, _) = q.dim();
@@ -91,7 +126,13 @@ fn fwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     for b in 0..bs {
         for hh in 0..h {
             let kv = hh / (h / hk);
-            let mut p = scores(&o, q.slice(s![b, hh, .., ..]), k.slice(s![b, kv, .., ..]), b, hh);
+            let mut p = scores(
+                &o,
+                q.slice(s![b, hh, .., ..]),
+                k.slice(s![b, kv, .., ..]),
+                b,
+                hh,
+            );
             for (i, mut row) in p.axis_iter_mut(Axis(0)).enumerate() {
                 let m = row.iter().copied().fold(T::neg_infinity(), T::max);
                 if m == T::neg_infinity() {
@@ -105,19 +146,36 @@ fn fwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
                 row.mapv_inplace(|x| (x - ls).exp());
             }
             let mut ob = out.slice_mut(s![b, hh, .., ..]);
-            general_mat_mul(T::one(), &p, &v.slice(s![b, kv, .., ..]), T::zero(), &mut ob);
+            general_mat_mul(
+                T::one(),
+                &p,
+                &v.slice(s![b, kv, .., ..]),
+                T::zero(),
+                &mut ob,
+            );
         }
     }
     let d0 = env.out_meta_k(0).map_or(qt.dtype, |m| m.dtype);
-    let d1 = env.out_meta_k(1).map_or(zerosched_ir::Dtype::Float32, |m| m.dtype);
-    Ok(Value::List(vec![Some(T::wrap(out.into_dyn(), d0)?), Some(T::wrap(lse.into_dyn(), d1)?)]))
+    let d1 = env
+        .out_meta_k(1)
+        .map_or(zerosched_ir::Dtype::Float32, |m| m.dtype);
+    Ok(Value::List(vec![
+        Some(T::wrap(out.into_dyn(), d0)?),
+        Some(T::wrap(lse.into_dyn(), d1)?),
+    ]))
 }
 
 fn bwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let t = |i| env.tensor(env.arg(i)?);
     let (dot, qt, kt, vt, ot, lt) = (t(0)?, t(1)?, t(2)?, t(3)?, t(4)?, t(5)?);
     let (doa, qa, ka, va, oa) = (T::get(dot), T::get(qt), T::get(kt), T::get(vt), T::get(ot));
-    let (dov, q, k, v, ov) = (view4(&doa)?, view4(&qa)?, view4(&ka)?, view4(&va)?, view4(&oa)?);
+    let (dov, q, k, v, ov) = (
+        view4(&doa)?,
+        view4(&qa)?,
+        view4(&ka)?,
+        view4(&va)?,
+        view4(&oa)?,
+    );
     let la = T::get(lt);
     let (bs, h, l, e) = q.dim();
     let (_, hk, sz, ev) = v.dim();
@@ -131,11 +189,17 @@ fn bwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     for b in 0..bs {
         for hh in 0..h {
             let kv = hh / (h / hk);
-            let (qm, km, vm) = (q.slice(s![b, hh, .., ..]), k.slice(s![b, kv, .., ..]), v.slice(s![b, kv, .., ..]));
+            let (qm, km, vm) = (
+                q.slice(s![b, hh, .., ..]),
+                k.slice(s![b, kv, .., ..]),
+                v.slice(s![b, kv, .., ..]),
+            );
             let (dom, om) = (dov.slice(s![b, hh, .., ..]), ov.slice(s![b, hh, .., ..]));
             let mut p = scores(&o, qm, km, b, hh);
             for (i, mut row) in p.axis_iter_mut(Axis(0)).enumerate() {
-                let ls = *la.get([b, hh, i].as_slice()).ok_or("logsumexp has the wrong shape")?;
+                let ls = *la
+                    .get([b, hh, i].as_slice())
+                    .ok_or("logsumexp has the wrong shape")?;
                 if ls == T::neg_infinity() {
                     row.fill(T::zero());
                 } else {
@@ -147,7 +211,12 @@ fn bwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
             let mut dp = Array2::<T>::zeros((l, sz));
             general_mat_mul(T::one(), &dom, &vm.t(), T::zero(), &mut dp);
             for i in 0..l {
-                let di: T = dom.row(i).iter().zip(om.row(i).iter()).map(|(&a, &b)| a * b).sum();
+                let di: T = dom
+                    .row(i)
+                    .iter()
+                    .zip(om.row(i).iter())
+                    .map(|(&a, &b)| a * b)
+                    .sum();
                 for j in 0..sz {
                     dp[[i, j]] = p[[i, j]] * (dp[[i, j]] - di);
                 }
@@ -187,7 +256,10 @@ pub fn sdpa_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
 
 fn ln<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let xt = env.tensor(env.arg(0)?)?;
-    let norm: usize = super::ints(env.arg(1)?)?.iter().map(|&d| d.max(0) as usize).product();
+    let norm: usize = super::ints(env.arg(1)?)?
+        .iter()
+        .map(|&d| d.max(0) as usize)
+        .product();
     let opt = |i: usize| -> Result<Option<super::tensor::Arr<T>>, String> {
         match env.node().args.get(i) {
             Some(a @ Arg::Node(_)) => Ok(Some(T::get(env.tensor(a)?))),
@@ -216,7 +288,7 @@ fn ln<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
                 y = y * w[j];
             }
             if let Some(b) = &bf {
-                y = y + b[j];
+                y += b[j];
             }
             out.push(y);
         }
@@ -226,7 +298,9 @@ fn ln<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let keep = shape.len() - super::ints(env.arg(1)?)?.len();
     let mut stat_shape = shape[..keep].to_vec();
     stat_shape.extend(std::iter::repeat_n(1, shape.len() - keep));
-    let mk = |v: Vec<T>, sh: &[usize]| ndarray::ArrayD::from_shape_vec(IxDyn(sh), v).map_err(|e| e.to_string());
+    let mk = |v: Vec<T>, sh: &[usize]| {
+        ndarray::ArrayD::from_shape_vec(IxDyn(sh), v).map_err(|e| e.to_string())
+    };
     let d = |k: usize| env.out_meta_k(k).map_or(xt.dtype, |m| m.dtype);
     Ok(Value::List(vec![
         Some(T::wrap(mk(out, &shape)?, d(0))?),

@@ -15,7 +15,9 @@ fn dims_of(a: Option<&Arg<zerosched_ir::NodeId>>, rank: usize) -> Result<Vec<usi
     let mut dims: Vec<usize> = if list.is_empty() {
         (0..rank).collect()
     } else {
-        list.into_iter().map(|d| norm_dim(d, rank)).collect::<Result<_, _>>()?
+        list.into_iter()
+            .map(|d| norm_dim(d, rank))
+            .collect::<Result<_, _>>()?
     };
     dims.sort_unstable();
     dims.dedup();
@@ -45,11 +47,25 @@ fn reduce(env: &Env<'_, Tensor>, mean: bool) -> Result<Value<Tensor>, String> {
     one(match kind(dt)? {
         Kind::F32 => {
             let s = sum_dims(f32::get(t).into_owned(), &dims, keep);
-            f32::wrap(if mean { s.mapv(|x| x / count as f32) } else { s }, dt)?
+            f32::wrap(
+                if mean {
+                    s.mapv(|x| x / count as f32)
+                } else {
+                    s
+                },
+                dt,
+            )?
         }
         Kind::F64 => {
             let s = sum_dims(f64::get(t).into_owned(), &dims, keep);
-            f64::wrap(if mean { s.mapv(|x| x / count as f64) } else { s }, dt)?
+            f64::wrap(
+                if mean {
+                    s.mapv(|x| x / count as f64)
+                } else {
+                    s
+                },
+                dt,
+            )?
         }
         _ => i64::wrap(sum_dims(i64::get(t).into_owned(), &dims, keep), dt)?,
     })
@@ -70,7 +86,7 @@ pub fn cumsum(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     macro_rules! go {
         ($T:ty) => {{
             let mut a = <$T>::get(t).into_owned();
-            a.accumulate_axis_inplace(Axis(d), |&prev, cur| *cur = *cur + prev);
+            a.accumulate_axis_inplace(Axis(d), |&prev, cur| *cur += prev);
             <$T>::wrap(a, dt)?
         }};
     }
@@ -123,7 +139,12 @@ pub fn topk(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let t = env.tensor(env.arg(0)?)?;
     let k = int(env.arg(1)?)?.max(0) as usize;
     let rank = t.shape().len();
-    let d = norm_dim(env.arg_or_kw(2, "dim").and_then(|a| a.as_int()).unwrap_or(-1), rank)?;
+    let d = norm_dim(
+        env.arg_or_kw(2, "dim")
+            .and_then(|a| a.as_int())
+            .unwrap_or(-1),
+        rank,
+    )?;
     let largest = flag(env.arg_or_kw(3, "largest"), true);
     if k > t.shape()[d] {
         return Err(format!("topk: k = {k} > {}", t.shape()[d]));

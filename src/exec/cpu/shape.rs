@@ -77,7 +77,10 @@ pub fn t(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
 pub fn transpose(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let t = x(env)?;
     let rank = t.shape().len();
-    let (d0, d1) = (norm_dim(int(env.arg(1)?)?, rank)?, norm_dim(int(env.arg(2)?)?, rank)?);
+    let (d0, d1) = (
+        norm_dim(int(env.arg(1)?)?, rank)?,
+        norm_dim(int(env.arg(2)?)?, rank)?,
+    );
     one(map_data!(t, a => { let mut v = a.clone(); v.swap_axes(d0, d1); v }))
 }
 
@@ -85,7 +88,10 @@ pub fn expand(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let t = x(env)?;
     let sizes = ints(env.arg(1)?)?;
     let old = t.shape();
-    let lead = sizes.len().checked_sub(old.len()).ok_or("expand to fewer dimensions")?;
+    let lead = sizes
+        .len()
+        .checked_sub(old.len())
+        .ok_or("expand to fewer dimensions")?;
     let shape: Vec<usize> = sizes
         .iter()
         .enumerate()
@@ -115,7 +121,11 @@ fn opt_int(env: &Env<'_, Tensor>, i: usize, name: &str) -> Option<i64> {
 pub fn slice(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let t = x(env)?;
     let d = norm_dim(opt_int(env, 1, "dim").unwrap_or(0), t.shape().len())?;
-    let (s, e) = bounds(opt_int(env, 2, "start"), opt_int(env, 3, "end"), t.shape()[d]);
+    let (s, e) = bounds(
+        opt_int(env, 2, "start"),
+        opt_int(env, 3, "end"),
+        t.shape()[d],
+    );
     let step = opt_int(env, 4, "step").unwrap_or(1).max(1) as isize;
     let sl = Slice::new(s as isize, Some(e as isize), step);
     one(map_data!(t, a => a.slice_axis(Axis(d), sl).to_owned().into_shared()))
@@ -123,17 +133,23 @@ pub fn slice(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
 
 pub fn cat(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let items = env.arg(0)?.as_list().ok_or("cat of a non-list")?;
-    let ts: Vec<&Tensor> = items.iter().map(|a| env.tensor(a)).collect::<Result<_, _>>()?;
+    let ts: Vec<&Tensor> = items
+        .iter()
+        .map(|a| env.tensor(a))
+        .collect::<Result<_, _>>()?;
     let first = ts.first().ok_or("cat of nothing")?;
     let dt = out_dtype(env, first.dtype);
     // Legacy behaviour: 1-d empty tensors are skipped.
     let ts: Vec<Tensor> = ts
         .iter()
-        .filter(|t| !(t.shape() == [0]))
+        .filter(|t| t.shape() != [0])
         .map(|t| t.cast(dt))
         .collect::<Result<_, _>>()?;
     let rank = ts.first().map_or(1, |t| t.shape().len());
-    let d = norm_dim(env.node().args.get(1).map(int).transpose()?.unwrap_or(0), rank)?;
+    let d = norm_dim(
+        env.node().args.get(1).map(int).transpose()?.unwrap_or(0),
+        rank,
+    )?;
     use super::tensor::Data;
     macro_rules! go {
         ($v:ident) => {{
@@ -144,7 +160,11 @@ pub fn cat(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
                     _ => Err("cat of mixed kinds"),
                 })
                 .collect::<Result<_, _>>()?;
-            Data::$v(ndarray::concatenate(Axis(d), &views).map_err(|e| e.to_string())?.into_shared())
+            Data::$v(
+                ndarray::concatenate(Axis(d), &views)
+                    .map_err(|e| e.to_string())?
+                    .into_shared(),
+            )
         }};
     }
     let data = match ts.first().map(|t| &t.data) {
@@ -162,18 +182,26 @@ fn split_at(t: &Tensor, sizes: &[usize], d: usize) -> Result<Value<Tensor>, Stri
     let mut at = 0;
     for &s in sizes {
         let sl = Slice::new(at as isize, Some((at + s) as isize), 1);
-        out.push(Some(map_data!(t, a => a.slice_axis(Axis(d), sl).to_owned().into_shared())));
+        out.push(Some(
+            map_data!(t, a => a.slice_axis(Axis(d), sl).to_owned().into_shared()),
+        ));
         at += s;
     }
     if at != t.shape()[d] {
-        return Err(format!("split sizes {sizes:?} do not cover {}", t.shape()[d]));
+        return Err(format!(
+            "split sizes {sizes:?} do not cover {}",
+            t.shape()[d]
+        ));
     }
     Ok(Value::List(out))
 }
 
 pub fn split_with_sizes(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let t = x(env)?;
-    let sizes: Vec<usize> = ints(env.arg(1)?)?.into_iter().map(|s| s.max(0) as usize).collect();
+    let sizes: Vec<usize> = ints(env.arg(1)?)?
+        .into_iter()
+        .map(|s| s.max(0) as usize)
+        .collect();
     let d = norm_dim(opt_int(env, 2, "dim").unwrap_or(0), t.shape().len())?;
     split_at(t, &sizes, d)
 }
@@ -183,7 +211,9 @@ pub fn split(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let d = norm_dim(opt_int(env, 2, "dim").unwrap_or(0), t.shape().len())?;
     let each = int(env.arg(1)?)?.max(1) as usize;
     let n = t.shape()[d];
-    let sizes: Vec<usize> = (0..n.div_ceil(each)).map(|i| each.min(n - i * each)).collect();
+    let sizes: Vec<usize> = (0..n.div_ceil(each))
+        .map(|i| each.min(n - i * each))
+        .collect();
     split_at(t, &sizes, d)
 }
 
@@ -207,8 +237,11 @@ pub fn constant_pad_nd(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     use super::tensor::Data;
     macro_rules! go {
         ($v:ident) => {{
-            let (Data::$v(src), Data::$v(f)) = (&t.data, &fill.data) else { unreachable!() };
-            let mut out = ndarray::ArrayD::from_elem(IxDyn(&shape), f.first().copied().unwrap_or_default());
+            let (Data::$v(src), Data::$v(f)) = (&t.data, &fill.data) else {
+                unreachable!()
+            };
+            let mut out =
+                ndarray::ArrayD::from_elem(IxDyn(&shape), f.first().copied().unwrap_or_default());
             let mut view = out.view_mut();
             for d in 0..rank {
                 let n = t.shape()[d];
@@ -224,7 +257,10 @@ pub fn constant_pad_nd(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         Data::I64(_) => go!(I64),
         Data::Bool(_) => go!(Bool),
     };
-    one(Tensor { dtype: t.dtype, data })
+    one(Tensor {
+        dtype: t.dtype,
+        data,
+    })
 }
 
 /// `slice_scatter(base, src, dim, start, end, step)`: `base` with `src` written into the slice.
@@ -232,17 +268,27 @@ pub fn slice_scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let base = x(env)?;
     let src = env.tensor(env.arg(1)?)?.cast(base.dtype)?;
     let d = norm_dim(opt_int(env, 2, "dim").unwrap_or(0), base.shape().len())?;
-    let (s, e) = bounds(opt_int(env, 3, "start"), opt_int(env, 4, "end"), base.shape()[d]);
+    let (s, e) = bounds(
+        opt_int(env, 3, "start"),
+        opt_int(env, 4, "end"),
+        base.shape()[d],
+    );
     let step = opt_int(env, 5, "step").unwrap_or(1).max(1) as isize;
     let sl = Slice::new(s as isize, Some(e as isize), step);
     use super::tensor::Data;
     macro_rules! go {
         ($v:ident) => {{
-            let (Data::$v(b), Data::$v(sv)) = (&base.data, &src.data) else { unreachable!() };
+            let (Data::$v(b), Data::$v(sv)) = (&base.data, &src.data) else {
+                unreachable!()
+            };
             let mut out = b.to_owned();
             let mut view = out.slice_axis_mut(Axis(d), sl);
             if view.shape() != sv.shape() {
-                return Err(format!("slice_scatter: slice {:?}, src {:?}", view.shape(), sv.shape()));
+                return Err(format!(
+                    "slice_scatter: slice {:?}, src {:?}",
+                    view.shape(),
+                    sv.shape()
+                ));
             }
             view.assign(sv);
             Data::$v(out.into_shared())
@@ -254,5 +300,8 @@ pub fn slice_scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         Data::I64(_) => go!(I64),
         Data::Bool(_) => go!(Bool),
     };
-    one(Tensor { dtype: base.dtype, data })
+    one(Tensor {
+        dtype: base.dtype,
+        data,
+    })
 }
