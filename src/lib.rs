@@ -3,6 +3,7 @@
 
 pub mod budget;
 pub mod default_program;
+pub mod exec;
 pub mod io;
 pub mod report;
 pub mod summary;

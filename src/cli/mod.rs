@@ -3,6 +3,7 @@
 
 mod check;
 mod convert;
+mod run;
 mod schedule;
 mod simulate;
 
@@ -35,6 +36,8 @@ enum Command {
     Convert(convert::Args),
     /// Insert the ZeRO-3 ops, schedule them, check, simulate, and print a summary.
     Schedule(schedule::Args),
+    /// Execute a graph or program over simulated ranks (CPU reference backend).
+    Run(run::Args),
     /// Simulate a graph or program as it stands (two streams: compute, communication).
     Simulate(simulate::Args),
 }
@@ -49,6 +52,7 @@ pub fn main() -> ExitCode {
         Command::Convert(a) => convert::run(a),
         Command::Schedule(a) => schedule::run(a),
         Command::Simulate(a) => simulate::run(a),
+        Command::Run(a) => run::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,242 @@
+//! Indexing: embedding, advanced indexing with leading index tensors (`index`, `index_put`),
+//! `gather` and `scatter`. Indices are checked (an index out of range is an error naming it,
+//! never a panic); negative indices count from the end as in torch.
+
+use super::elementwise::bcast_shape;
+use super::tensor::{Arr, Data, Elem, Tensor};
+use super::{Env, Value, flag, int, norm_dim, number, one, out_dtype};
+use ndarray::{ArrayD, Dimension, IxDyn};
+use zerosched_ir::{Arg, NodeId};
+
+/// Accumulation for `index_put(accumulate=True)`.
+trait Acc: Elem {
+    fn acc(self, other: Self) -> Self;
+}
+impl Acc for f32 {
+    fn acc(self, o: f32) -> f32 {
+        self + o
+    }
+}
+impl Acc for f64 {
+    fn acc(self, o: f64) -> f64 {
+        self + o
+    }
+}
+impl Acc for i64 {
+    fn acc(self, o: i64) -> i64 {
+        self.wrapping_add(o)
+    }
+}
+impl Acc for bool {
+    fn acc(self, o: bool) -> bool {
+        self | o
+    }
+}
+
+fn fix(i: i64, n: usize) -> Result<usize, String> {
+    let x = if i < 0 { i + n as i64 } else { i };
+    if (0..n as i64).contains(&x) {
+        Ok(x as usize)
+    } else {
+        Err(format!(
+            "index {i} is out of range for a dimension of size {n}"
+        ))
+    }
+}
+
+/// Flat offsets (into a row-major `shape`) selected by leading index tensors, and the
+/// broadcast index shape.
+fn offsets(shape: &[usize], idx: &[Arr<i64>]) -> Result<(Vec<usize>, Vec<usize>), String> {
+    if idx.len() > shape.len() {
+        return Err("too many indices".into());
+    }
+    let mut b: Vec<usize> = Vec::new();
+    for i in idx {
+        b = bcast_shape(&b, i.shape())?;
+    }
+    let n: usize = b.iter().product();
+    let strides: Vec<usize> = (0..idx.len())
+        .map(|j| shape[j + 1..].iter().product())
+        .collect();
+    let mut off = vec![0usize; n];
+    for (j, i) in idx.iter().enumerate() {
+        let v = i.broadcast(IxDyn(&b)).ok_or("index broadcast failed")?;
+        for (o, &x) in off.iter_mut().zip(v.iter()) {
+            *o += fix(x, shape[j])? * strides[j];
+        }
+    }
+    Ok((off, b))
+}
+
+fn index_t<T: Elem>(a: &Arr<T>, idx: &[Arr<i64>]) -> Result<ArrayD<T>, String> {
+    let shape = a.shape();
+    let (off, b) = offsets(shape, idx)?;
+    let inner: usize = shape[idx.len()..].iter().product();
+    let flat: Vec<T> = a.iter().copied().collect();
+    let mut out = Vec::with_capacity(off.len() * inner);
+    for o in off {
+        out.extend_from_slice(&flat[o..o + inner]);
+    }
+    let mut oshape = b;
+    oshape.extend_from_slice(&shape[idx.len()..]);
+    ArrayD::from_shape_vec(IxDyn(&oshape), out).map_err(|e| e.to_string())
+}
+
+fn put_t<T: Acc>(a: &Arr<T>, idx: &[Arr<i64>], v: &Arr<T>, acc: bool) -> Result<ArrayD<T>, String> {
+    let shape = a.shape().to_vec();
+    let (off, mut b) = offsets(&shape, idx)?;
+    let inner: usize = shape[idx.len()..].iter().product();
+    b.extend_from_slice(&shape[idx.len()..]);
+    let vals: Vec<T> = v
+        .broadcast(IxDyn(&b))
+        .ok_or_else(|| {
+            format!(
+                "index_put: values {:?} do not broadcast to {b:?}",
+                v.shape()
+            )
+        })?
+        .iter()
+        .copied()
+        .collect();
+    let mut flat: Vec<T> = a.iter().copied().collect();
+    for (k, o) in off.into_iter().enumerate() {
+        for e in 0..inner {
+            let x = vals[k * inner + e];
+            flat[o + e] = if acc { flat[o + e].acc(x) } else { x };
+        }
+    }
+    ArrayD::from_shape_vec(IxDyn(&shape), flat).map_err(|e| e.to_string())
+}
+
+fn index_list(env: &Env<'_, Tensor>, a: &Arg<NodeId>) -> Result<Vec<Arr<i64>>, String> {
+    let items = a.as_list().ok_or("indices are not a list")?;
+    items
+        .iter()
+        .map(|i| match i {
+            Arg::None => {
+                Err("a `None` index (only leading index tensors are supported)".to_owned())
+            }
+            _ => {
+                let t = env.tensor(i)?;
+                if t.dtype == zerosched_ir::Dtype::Bool {
+                    return Err("boolean mask indices are not supported".to_owned());
+                }
+                Ok(i64::get(t))
+            }
+        })
+        .collect()
+}
+
+macro_rules! on_kind {
+    ($t:expr, $T:ident, $a:ident => $e:expr) => {
+        match &$t.data {
+            Data::F32($a) => {
+                type $T = f32;
+                Tensor {
+                    dtype: $t.dtype,
+                    data: Data::F32($e.into_shared()),
+                }
+            }
+            Data::F64($a) => {
+                type $T = f64;
+                Tensor {
+                    dtype: $t.dtype,
+                    data: Data::F64($e.into_shared()),
+                }
+            }
+            Data::I64($a) => {
+                type $T = i64;
+                Tensor {
+                    dtype: $t.dtype,
+                    data: Data::I64($e.into_shared()),
+                }
+            }
+            Data::Bool($a) => {
+                type $T = bool;
+                Tensor {
+                    dtype: $t.dtype,
+                    data: Data::Bool($e.into_shared()),
+                }
+            }
+        }
+    };
+}
+
+pub fn embedding(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let w = env.tensor(env.arg(0)?)?;
+    let idx = vec![i64::get(env.tensor(env.arg(1)?)?)];
+    one(on_kind!(w, T, a => index_t::<T>(a, &idx)?))
+}
+
+pub fn index(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let x = env.tensor(env.arg(0)?)?;
+    let idx = index_list(env, env.arg(1)?)?;
+    one(on_kind!(x, T, a => index_t::<T>(a, &idx)?))
+}
+
+pub fn index_put(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let x = env.tensor(env.arg(0)?)?;
+    let idx = index_list(env, env.arg(1)?)?;
+    let v = env.tensor(env.arg(2)?)?;
+    let acc = flag(env.arg_or_kw(3, "accumulate"), false);
+    let out = on_kind!(x, T, a => put_t::<T>(a, &idx, &T::get(v), acc)?);
+    one(out.cast(out_dtype(env, x.dtype))?)
+}
+
+pub fn gather(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let x = env.tensor(env.arg(0)?)?;
+    let d = norm_dim(int(env.arg(1)?)?, x.shape().len())?;
+    let idx = i64::get(env.tensor(env.arg(2)?)?);
+    fn go<T: Elem>(a: &Arr<T>, d: usize, idx: &Arr<i64>) -> Result<ArrayD<T>, String> {
+        let n = a.shape()[d];
+        let mut out = Vec::with_capacity(idx.len());
+        for (p, &i) in idx.indexed_iter() {
+            let mut q: Vec<usize> = p.slice().to_vec();
+            q[d] = fix(i, n)?;
+            out.push(
+                *a.get(q.as_slice())
+                    .ok_or("gather: index outside the input")?,
+            );
+        }
+        ArrayD::from_shape_vec(IxDyn(idx.shape()), out).map_err(|e| e.to_string())
+    }
+    one(on_kind!(x, T, a => go::<T>(a, d, &idx)?))
+}
+
+/// `scatter.value(self, dim, index, value)` and `scatter.src(self, dim, index, src)`.
+pub fn scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let x = env.tensor(env.arg(0)?)?;
+    let d = norm_dim(int(env.arg(1)?)?, x.shape().len())?;
+    let idx = i64::get(env.tensor(env.arg(2)?)?);
+    let src = env.arg(3)?;
+    let src_t = match src.as_node() {
+        Some(_) => env.tensor(src)?.clone(),
+        None => Tensor::scalar(
+            number(src).ok_or("scatter: value is not a number")?,
+            x.dtype,
+        )?,
+    };
+    fn go<T: Elem>(
+        a: &Arr<T>,
+        d: usize,
+        idx: &Arr<i64>,
+        src: &Arr<T>,
+    ) -> Result<ArrayD<T>, String> {
+        let n = a.shape()[d];
+        let mut out = a.to_owned();
+        let scalar = src.ndim() == 0;
+        for (p, &i) in idx.indexed_iter() {
+            let v = if scalar {
+                *src.first().ok_or("empty value")?
+            } else {
+                *src.get(p.slice()).ok_or("scatter: index outside src")?
+            };
+            let mut q: Vec<usize> = p.slice().to_vec();
+            q[d] = fix(i, n)?;
+            *out.get_mut(q.as_slice())
+                .ok_or("scatter: index outside the input")? = v;
+        }
+        Ok(out)
+    }
+    one(on_kind!(x, T, a => go::<T>(a, d, &idx, &T::get(&src_t))?))
+}

@@ -1,0 +1,339 @@
+//! The CPU reference backend: every aten op of the f32 fixtures (docs/export.md), in f32 and
+//! f64 (bf16/f16 computed in f32 and rounded once per op: see [`tensor`]), over ndarray with
+//! matrixmultiply's GEMM. One file per op family; [`kernel`] is the dispatch table, and
+//! [`Cpu::supports`] answers from it so that a graph with an op it lacks is refused, naming
+//! op and node, before anything runs.
+
+mod create;
+mod elementwise;
+mod index;
+mod linalg;
+mod nn;
+mod reduce;
+mod shape;
+pub mod tensor;
+
+use super::{Backend, Env, Value};
+use ndarray::{ArrayD, IxDyn};
+pub use tensor::Tensor;
+use tensor::{Data, map_data};
+use zerosched_ir::{Arg, Dtype, Node, NodeId, TensorMeta};
+
+type Kernel = fn(&Env<'_, Tensor>) -> Result<Value<Tensor>, String>;
+
+/// The kernel of an aten target, if the backend has one.
+pub fn kernel(target: &str) -> Option<Kernel> {
+    use elementwise as e;
+    Some(match target {
+        "aten.add.Tensor" => e::add,
+        "aten.sub.Tensor" => e::sub,
+        "aten.mul.Tensor" | "aten.mul.Scalar" => e::mul,
+        "aten.div.Tensor" | "aten.div.Scalar" => e::div,
+        "aten.div.Tensor_mode" => e::div_mode,
+        "aten.eq.Tensor" | "aten.eq.Scalar" => e::eq,
+        "aten.ne.Tensor" | "aten.ne.Scalar" => e::ne,
+        "aten.le.Tensor" | "aten.le.Scalar" => e::le,
+        "aten.lt.Tensor" | "aten.lt.Scalar" => e::lt,
+        "aten.ge.Tensor" | "aten.ge.Scalar" => e::ge,
+        "aten.gt.Tensor" | "aten.gt.Scalar" => e::gt,
+        "aten.bitwise_and.Tensor" => e::bitwise_and,
+        "aten.bitwise_or.Tensor" => e::bitwise_or,
+        "aten.where.self" => e::where_,
+        "aten.neg.default" => e::neg,
+        "aten.exp.default" => e::exp,
+        "aten.cos.default" => e::cos,
+        "aten.sin.default" => e::sin,
+        "aten.rsqrt.default" => e::rsqrt,
+        "aten.sqrt.default" => e::sqrt,
+        "aten.sigmoid.default" => e::sigmoid,
+        "aten.tanh.default" => e::tanh,
+        "aten.reciprocal.default" => e::reciprocal,
+        "aten.log.default" => e::log,
+        "aten.pow.Tensor_Scalar" => e::pow_scalar,
+        "aten._to_copy.default" | "prims.convert_element_type.default" => e::to_copy,
+        "aten.clone.default" | "aten.alias.default" => e::clone,
+        "aten.view.default" | "aten._unsafe_view.default" | "aten.reshape.default" => shape::view,
+        "aten.unsqueeze.default" => shape::unsqueeze,
+        "aten.squeeze.dims" | "aten.squeeze.dim" | "aten.squeeze.default" => shape::squeeze,
+        "aten.permute.default" => shape::permute,
+        "aten.t.default" => shape::t,
+        "aten.transpose.int" => shape::transpose,
+        "aten.expand.default" => shape::expand,
+        "aten.slice.Tensor" => shape::slice,
+        "aten.cat.default" => shape::cat,
+        "aten.split_with_sizes.default" => shape::split_with_sizes,
+        "aten.split.Tensor" => shape::split,
+        "aten.constant_pad_nd.default" => shape::constant_pad_nd,
+        "aten.slice_scatter.default" => shape::slice_scatter,
+        "aten.sum.dim_IntList" | "aten.sum.default" => reduce::sum,
+        "aten.mean.dim" => reduce::mean,
+        "aten.cumsum.default" => reduce::cumsum,
+        "aten._softmax.default" => reduce::softmax,
+        "aten._log_softmax.default" => reduce::log_softmax,
+        "aten.topk.default" => reduce::topk,
+        "aten.native_layer_norm.default" => nn::layer_norm,
+        "aten._scaled_dot_product_flash_attention_for_cpu.default" => nn::sdpa,
+        "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" => nn::sdpa_backward,
+        "aten.mm.default" => linalg::mm,
+        "aten.bmm.default" => linalg::bmm,
+        "aten.addmm.default" => linalg::addmm,
+        "aten.embedding.default" => index::embedding,
+        "aten.index.Tensor" => index::index,
+        "aten.index_put.default" => index::index_put,
+        "aten.gather.default" => index::gather,
+        "aten.scatter.value" | "aten.scatter.src" => index::scatter,
+        "aten.full.default" => create::full,
+        "aten.full_like.default" => create::full_like,
+        "aten.scalar_tensor.default" => create::scalar_tensor,
+        "aten.arange.start_step" | "aten.arange.start" | "aten.arange.default" => create::arange,
+        "aten.empty_permuted.default" | "aten.empty.memory_format" => create::empty,
+        "operator.getitem" => getitem,
+        _ => return None,
+    })
+}
+
+/// The CPU backend.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cpu;
+
+impl Backend for Cpu {
+    type Tensor = Tensor;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn supports(&self, node: &Node) -> bool {
+        kernel(&node.target).is_some()
+    }
+
+    fn compute(&mut self, env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+        let n = env.node();
+        let k = kernel(&n.target).ok_or_else(|| format!("no CPU kernel for `{}`", n.target))?;
+        k(env)
+    }
+
+    fn nbytes(&self, t: &Tensor) -> u64 {
+        t.nbytes()
+    }
+
+    fn input(
+        &mut self,
+        meta: &TensorMeta,
+        make: &mut dyn FnMut() -> Result<Tensor, String>,
+    ) -> Result<Tensor, String> {
+        let t = make()?;
+        let shape: Vec<usize> = meta.shape.iter().map(|d| d.hint() as usize).collect();
+        if t.shape() != shape.as_slice() {
+            return Err(format!(
+                "input has shape {:?}, metadata {shape:?}",
+                t.shape()
+            ));
+        }
+        t.cast(meta.dtype)
+    }
+
+    fn download(&self, t: &Tensor) -> Option<Tensor> {
+        Some(t.clone())
+    }
+
+    fn shard(&mut self, full: &Tensor, world: u32, rank: u32) -> Result<Tensor, String> {
+        let world = world.max(1) as usize;
+        let per = full.numel().div_ceil(world);
+        let lo = (rank as usize * per).min(full.numel());
+        let hi = (lo + per).min(full.numel());
+        let pad = per - (hi - lo);
+        Ok(map_data!(full, a => {
+            let flat: Vec<_> = a.iter().cloned().collect();
+            let mut v = flat[lo..hi].to_vec();
+            v.extend(std::iter::repeat_n(zero_like(&flat), pad));
+            ArrayD::from_shape_vec(IxDyn(&[per]), v).map_err(|e| e.to_string())?.into_shared()
+        }))
+    }
+
+    fn all_gather(&mut self, shards: &[&Tensor], dtype: Option<Dtype>) -> Result<Tensor, String> {
+        let first = shards.first().ok_or("no ranks")?;
+        let dtype = dtype.unwrap_or(first.dtype);
+        let cast: Vec<Tensor> = shards
+            .iter()
+            .map(|s| s.cast(dtype))
+            .collect::<Result<_, _>>()?;
+        let n: usize = cast.iter().map(Tensor::numel).sum();
+        let t = match &cast[0].data {
+            Data::F32(_) => cat_flat(
+                &cast,
+                n,
+                |t| match &t.data {
+                    Data::F32(a) => Some(a),
+                    _ => None,
+                },
+                Data::F32,
+            ),
+            Data::F64(_) => cat_flat(
+                &cast,
+                n,
+                |t| match &t.data {
+                    Data::F64(a) => Some(a),
+                    _ => None,
+                },
+                Data::F64,
+            ),
+            Data::I64(_) => cat_flat(
+                &cast,
+                n,
+                |t| match &t.data {
+                    Data::I64(a) => Some(a),
+                    _ => None,
+                },
+                Data::I64,
+            ),
+            Data::Bool(_) => cat_flat(
+                &cast,
+                n,
+                |t| match &t.data {
+                    Data::Bool(a) => Some(a),
+                    _ => None,
+                },
+                Data::Bool,
+            ),
+        }?;
+        Ok(Tensor { dtype, data: t })
+    }
+
+    fn unflatten(&mut self, flat: &Tensor, shape: &[usize]) -> Result<Tensor, String> {
+        let n: usize = shape.iter().product();
+        if n > flat.numel() {
+            return Err(format!(
+                "a buffer of {} elements cannot hold {shape:?}",
+                flat.numel()
+            ));
+        }
+        let t = map_data!(flat, a => {
+            let v: Vec<_> = a.iter().take(n).cloned().collect();
+            ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| e.to_string())?.into_shared()
+        });
+        Ok(t)
+    }
+
+    fn reduce(
+        &mut self,
+        grads: &[&Tensor],
+        sharded: bool,
+        world: u32,
+    ) -> Result<Vec<Tensor>, String> {
+        let sum = sum_in_rank_order(grads)?;
+        if !sharded {
+            return Ok(grads.iter().map(|_| sum.clone()).collect());
+        }
+        (0..world).map(|r| self.shard(&sum, world, r)).collect()
+    }
+}
+
+/// The elementwise sum of one tensor per rank, left to right in rank order (how every
+/// reduction here sums, so a reference can reproduce its bits).
+pub fn sum_in_rank_order(ts: &[&Tensor]) -> Result<Tensor, String> {
+    let first = *ts.first().ok_or("no ranks")?;
+    let mut sum = first.clone();
+    for t in &ts[1..] {
+        sum = elementwise::add_tensors(&sum, t, first.dtype)?;
+    }
+    Ok(sum)
+}
+
+fn zero_like<T: tensor::Elem>(_: &[T]) -> T {
+    T::elem_zero()
+}
+
+fn cat_flat<T: Clone>(
+    ts: &[Tensor],
+    n: usize,
+    get: impl Fn(&Tensor) -> Option<&tensor::Arr<T>>,
+    wrap: impl Fn(tensor::Arr<T>) -> Data,
+) -> Result<Data, String> {
+    let mut v = Vec::with_capacity(n);
+    for t in ts {
+        v.extend(get(t).ok_or("shards of different dtypes")?.iter().cloned());
+    }
+    Ok(wrap(
+        ArrayD::from_shape_vec(IxDyn(&[n]), v)
+            .map_err(|e| e.to_string())?
+            .into_shared(),
+    ))
+}
+
+fn getitem(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let src = *env.arg(0)?.as_node().ok_or("getitem of a literal")?;
+    let k = int(env.arg(1)?)?;
+    match env.value(src)? {
+        Value::List(items) => {
+            let k = usize::try_from(k).map_err(|_| "negative index")?;
+            Ok(items
+                .get(k)
+                .cloned()
+                .flatten()
+                .map_or(Value::None, Value::Tensor))
+        }
+        _ => Err("getitem of a value that is not a list".into()),
+    }
+}
+
+// Argument readers shared by the op families.
+
+pub(crate) fn one(t: Tensor) -> Result<Value<Tensor>, String> {
+    Ok(Value::Tensor(t))
+}
+
+pub(crate) fn int(a: &Arg<NodeId>) -> Result<i64, String> {
+    match a {
+        Arg::Bool(b) => Ok(i64::from(*b)),
+        _ => a
+            .as_int()
+            .ok_or_else(|| format!("expected an integer, found {a:?}")),
+    }
+}
+
+pub(crate) fn ints(a: &Arg<NodeId>) -> Result<Vec<i64>, String> {
+    match a {
+        Arg::List(items) => items.iter().map(int).collect(),
+        _ => Ok(vec![int(a)?]),
+    }
+}
+
+/// A Python number literal (int, float, bool, non-finite float).
+pub(crate) fn number(a: &Arg<NodeId>) -> Option<f64> {
+    match a {
+        Arg::Int(i) => Some(*i as f64),
+        Arg::Float(x) => Some(*x),
+        Arg::Bool(b) => Some(f64::from(u8::from(*b))),
+        Arg::Sym(s) => Some(s.hint as f64),
+        _ => None,
+    }
+}
+
+pub(crate) fn flag(a: Option<&Arg<NodeId>>, default: bool) -> bool {
+    match a {
+        Some(Arg::Bool(b)) => *b,
+        Some(Arg::Int(i)) => *i != 0,
+        _ => default,
+    }
+}
+
+pub(crate) fn norm_dim(d: i64, rank: usize) -> Result<usize, String> {
+    let r = rank.max(1) as i64;
+    let x = if d < 0 { d + r } else { d };
+    if (0..r).contains(&x) {
+        Ok(x as usize)
+    } else {
+        Err(format!("dimension {d} out of range for rank {rank}"))
+    }
+}
+
+/// The output dtype the node records, else `fallback`.
+pub(crate) fn out_dtype(env: &Env<'_, Tensor>, fallback: Dtype) -> Dtype {
+    env.out_meta().map_or(fallback, |m| m.dtype)
+}
+
+pub(crate) fn out_shape(env: &Env<'_, Tensor>) -> Option<Vec<usize>> {
+    env.out_meta()
+        .map(|m| m.shape.iter().map(|d| d.hint() as usize).collect())
+}

@@ -1,0 +1,307 @@
+//! Views and layout ops: view, (un)squeeze, permute, expand, slice, cat, split, padding,
+//! slice_scatter. Every result is a tensor of its own logical shape (a view may share the
+//! input's storage or copy it: the graph is functional).
+
+use super::tensor::{Tensor, map_data};
+use super::{Env, Value, int, ints, norm_dim, number, one, out_dtype};
+use ndarray::{Axis, IxDyn, Slice};
+
+fn x<'a>(env: &Env<'a, Tensor>) -> Result<&'a Tensor, String> {
+    env.tensor(env.arg(0)?)
+}
+
+/// A size list with at most one -1, resolved against `numel`.
+fn resolve(sizes: &[i64], numel: usize) -> Result<Vec<usize>, String> {
+    let known: i64 = sizes.iter().filter(|&&s| s >= 0).product();
+    sizes
+        .iter()
+        .map(|&s| match s {
+            -1 if known > 0 => Ok(numel / known as usize),
+            -1 => Ok(0),
+            s if s >= 0 => Ok(s as usize),
+            s => Err(format!("invalid size {s}")),
+        })
+        .collect()
+}
+
+pub fn view(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let shape = resolve(&ints(env.arg(1)?)?, t.numel())?;
+    one(t.reshape(&shape)?)
+}
+
+pub fn unsqueeze(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let d = norm_dim(int(env.arg(1)?)?, t.shape().len() + 1)?;
+    one(map_data!(t, a => a.clone().insert_axis(Axis(d))))
+}
+
+pub fn squeeze(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let rank = t.shape().len();
+    let mut dims: Vec<usize> = match env.node().args.get(1) {
+        Some(a) => ints(a)?
+            .into_iter()
+            .map(|d| norm_dim(d, rank))
+            .collect::<Result<_, _>>()?,
+        None => (0..rank).collect(),
+    };
+    dims.retain(|&d| t.shape()[d] == 1);
+    dims.sort_unstable();
+    dims.dedup();
+    let mut out = t.clone();
+    for &d in dims.iter().rev() {
+        out = map_data!(&out, a => a.clone().index_axis_move(Axis(d), 0));
+    }
+    one(out)
+}
+
+pub fn permute(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let rank = t.shape().len();
+    let perm: Vec<usize> = ints(env.arg(1)?)?
+        .into_iter()
+        .map(|d| norm_dim(d, rank))
+        .collect::<Result<_, _>>()?;
+    if perm.len() != rank {
+        return Err(format!("permute of rank {rank} by {perm:?}"));
+    }
+    one(map_data!(t, a => a.clone().permuted_axes(IxDyn(&perm))))
+}
+
+pub fn t(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    one(map_data!(t, a => a.clone().reversed_axes()))
+}
+
+pub fn transpose(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let rank = t.shape().len();
+    let (d0, d1) = (
+        norm_dim(int(env.arg(1)?)?, rank)?,
+        norm_dim(int(env.arg(2)?)?, rank)?,
+    );
+    one(map_data!(t, a => { let mut v = a.clone(); v.swap_axes(d0, d1); v }))
+}
+
+pub fn expand(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let sizes = ints(env.arg(1)?)?;
+    let old = t.shape();
+    let lead = sizes
+        .len()
+        .checked_sub(old.len())
+        .ok_or("expand to fewer dimensions")?;
+    let shape: Vec<usize> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| if s < 0 { old[i - lead] } else { s as usize })
+        .collect();
+    let s = IxDyn(&shape);
+    Ok(Value::Tensor(map_data!(t, a => a
+        .broadcast(s.clone())
+        .ok_or_else(|| format!("cannot expand {old:?} to {shape:?}"))?
+        .to_owned()
+        .into_shared())))
+}
+
+/// Python slice bounds on a dimension of size `n` (end clamped, negatives from the end).
+fn bounds(start: Option<i64>, end: Option<i64>, n: usize) -> (usize, usize) {
+    let n = n as i64;
+    let fix = |v: i64| if v < 0 { (v + n).max(0) } else { v.min(n) };
+    let s = fix(start.unwrap_or(0));
+    let e = fix(end.unwrap_or(n)).max(s);
+    (s as usize, e as usize)
+}
+
+fn opt_int(env: &Env<'_, Tensor>, i: usize, name: &str) -> Option<i64> {
+    env.arg_or_kw(i, name).and_then(|a| a.as_int())
+}
+
+pub fn slice(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let d = norm_dim(opt_int(env, 1, "dim").unwrap_or(0), t.shape().len())?;
+    let (s, e) = bounds(
+        opt_int(env, 2, "start"),
+        opt_int(env, 3, "end"),
+        t.shape()[d],
+    );
+    let step = opt_int(env, 4, "step").unwrap_or(1).max(1) as isize;
+    let sl = Slice::new(s as isize, Some(e as isize), step);
+    one(map_data!(t, a => a.slice_axis(Axis(d), sl).to_owned().into_shared()))
+}
+
+pub fn cat(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let items = env.arg(0)?.as_list().ok_or("cat of a non-list")?;
+    let ts: Vec<&Tensor> = items
+        .iter()
+        .map(|a| env.tensor(a))
+        .collect::<Result<_, _>>()?;
+    let first = ts.first().ok_or("cat of nothing")?;
+    let dt = out_dtype(env, first.dtype);
+    // Legacy behaviour: 1-d empty tensors are skipped.
+    let ts: Vec<Tensor> = ts
+        .iter()
+        .filter(|t| t.shape() != [0])
+        .map(|t| t.cast(dt))
+        .collect::<Result<_, _>>()?;
+    let rank = ts.first().map_or(1, |t| t.shape().len());
+    let d = norm_dim(
+        env.node().args.get(1).map(int).transpose()?.unwrap_or(0),
+        rank,
+    )?;
+    use super::tensor::Data;
+    macro_rules! go {
+        ($v:ident) => {{
+            let views: Vec<_> = ts
+                .iter()
+                .map(|t| match &t.data {
+                    Data::$v(a) => Ok(a.view()),
+                    _ => Err("cat of mixed kinds"),
+                })
+                .collect::<Result<_, _>>()?;
+            Data::$v(
+                ndarray::concatenate(Axis(d), &views)
+                    .map_err(|e| e.to_string())?
+                    .into_shared(),
+            )
+        }};
+    }
+    let data = match ts.first().map(|t| &t.data) {
+        Some(Data::F32(_)) => go!(F32),
+        Some(Data::F64(_)) => go!(F64),
+        Some(Data::I64(_)) => go!(I64),
+        Some(Data::Bool(_)) => go!(Bool),
+        None => return Err("cat of nothing".into()),
+    };
+    one(Tensor { dtype: dt, data })
+}
+
+fn split_at(t: &Tensor, sizes: &[usize], d: usize) -> Result<Value<Tensor>, String> {
+    let mut out = Vec::with_capacity(sizes.len());
+    let mut at = 0;
+    for &s in sizes {
+        let sl = Slice::new(at as isize, Some((at + s) as isize), 1);
+        out.push(Some(
+            map_data!(t, a => a.slice_axis(Axis(d), sl).to_owned().into_shared()),
+        ));
+        at += s;
+    }
+    if at != t.shape()[d] {
+        return Err(format!(
+            "split sizes {sizes:?} do not cover {}",
+            t.shape()[d]
+        ));
+    }
+    Ok(Value::List(out))
+}
+
+pub fn split_with_sizes(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let sizes: Vec<usize> = ints(env.arg(1)?)?
+        .into_iter()
+        .map(|s| s.max(0) as usize)
+        .collect();
+    let d = norm_dim(opt_int(env, 2, "dim").unwrap_or(0), t.shape().len())?;
+    split_at(t, &sizes, d)
+}
+
+pub fn split(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let d = norm_dim(opt_int(env, 2, "dim").unwrap_or(0), t.shape().len())?;
+    let each = int(env.arg(1)?)?.max(1) as usize;
+    let n = t.shape()[d];
+    let sizes: Vec<usize> = (0..n.div_ceil(each))
+        .map(|i| each.min(n - i * each))
+        .collect();
+    split_at(t, &sizes, d)
+}
+
+/// `constant_pad_nd(x, pad, value)`: `pad` pairs (before, after) from the last dimension.
+pub fn constant_pad_nd(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let pad = ints(env.arg(1)?)?;
+    let value = env.node().args.get(2).and_then(number).unwrap_or(0.0);
+    let rank = t.shape().len();
+    if pad.len() % 2 != 0 || pad.len() / 2 > rank || pad.iter().any(|&p| p < 0) {
+        return Err(format!("unsupported padding {pad:?}"));
+    }
+    let mut shape = t.shape().to_vec();
+    let mut before = vec![0usize; rank];
+    for (k, pair) in pad.chunks(2).enumerate() {
+        let d = rank - 1 - k;
+        before[d] = pair[0] as usize;
+        shape[d] += (pair[0] + pair[1]) as usize;
+    }
+    let fill = Tensor::scalar(value, t.dtype)?;
+    use super::tensor::Data;
+    macro_rules! go {
+        ($v:ident) => {{
+            let (Data::$v(src), Data::$v(f)) = (&t.data, &fill.data) else {
+                unreachable!()
+            };
+            let mut out =
+                ndarray::ArrayD::from_elem(IxDyn(&shape), f.first().copied().unwrap_or_default());
+            let mut view = out.view_mut();
+            for d in 0..rank {
+                let n = t.shape()[d];
+                view.slice_axis_inplace(Axis(d), Slice::from(before[d]..before[d] + n));
+            }
+            view.assign(src);
+            Data::$v(out.into_shared())
+        }};
+    }
+    let data = match &t.data {
+        Data::F32(_) => go!(F32),
+        Data::F64(_) => go!(F64),
+        Data::I64(_) => go!(I64),
+        Data::Bool(_) => go!(Bool),
+    };
+    one(Tensor {
+        dtype: t.dtype,
+        data,
+    })
+}
+
+/// `slice_scatter(base, src, dim, start, end, step)`: `base` with `src` written into the slice.
+pub fn slice_scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let base = x(env)?;
+    let src = env.tensor(env.arg(1)?)?.cast(base.dtype)?;
+    let d = norm_dim(opt_int(env, 2, "dim").unwrap_or(0), base.shape().len())?;
+    let (s, e) = bounds(
+        opt_int(env, 3, "start"),
+        opt_int(env, 4, "end"),
+        base.shape()[d],
+    );
+    let step = opt_int(env, 5, "step").unwrap_or(1).max(1) as isize;
+    let sl = Slice::new(s as isize, Some(e as isize), step);
+    use super::tensor::Data;
+    macro_rules! go {
+        ($v:ident) => {{
+            let (Data::$v(b), Data::$v(sv)) = (&base.data, &src.data) else {
+                unreachable!()
+            };
+            let mut out = b.to_owned();
+            let mut view = out.slice_axis_mut(Axis(d), sl);
+            if view.shape() != sv.shape() {
+                return Err(format!(
+                    "slice_scatter: slice {:?}, src {:?}",
+                    view.shape(),
+                    sv.shape()
+                ));
+            }
+            view.assign(sv);
+            Data::$v(out.into_shared())
+        }};
+    }
+    let data = match &base.data {
+        Data::F32(_) => go!(F32),
+        Data::F64(_) => go!(F64),
+        Data::I64(_) => go!(I64),
+        Data::Bool(_) => go!(Bool),
+    };
+    one(Tensor {
+        dtype: base.dtype,
+        data,
+    })
+}
