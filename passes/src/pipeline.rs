@@ -161,7 +161,12 @@ impl Pass for Rewrite {
     fn gives(&self) -> &'static [Fact] {
         &[]
     }
-    fn run(&self, p: &mut Program, opts: &PipelineOptions, cx: &mut Context) -> Result<(), PassError> {
+    fn run(
+        &self,
+        p: &mut Program,
+        opts: &PipelineOptions,
+        cx: &mut Context,
+    ) -> Result<(), PassError> {
         let ro = crate::rewrite::RewriteOptions {
             budget: opts.schedule.budget,
             world_size: opts.schedule.world_size,
@@ -248,7 +253,12 @@ fn graph_report<'a>(cx: &'a mut Context, i: usize, name: &str) -> &'a mut GraphR
 
 /// The standard pipeline, in order.
 pub fn standard() -> Vec<Box<dyn Pass>> {
-    vec![Box::new(Insert), Box::new(Rewrite), Box::new(Schedule), Box::new(Keep)]
+    vec![
+        Box::new(Insert),
+        Box::new(Rewrite),
+        Box::new(Schedule),
+        Box::new(Keep),
+    ]
 }
 
 /// Names of the standard passes, for `--disable` and `--dump-after`.

@@ -526,7 +526,14 @@ fn storage_bytes(
             .or_else(|| val_bytes(g, id))
             .unwrap_or(0),
         Some(CommOp::ReduceGrad) if sharded(n) => {
-            val_bytes(g, id).map_or(0, |b| b.div_ceil(u64::from(world.max(1))))
+            // One rank's shard, padded per element as the executor holds it.
+            match &n.meta.val {
+                Some(Val::Tensor(t)) => t
+                    .numel()
+                    .and_then(|e| comm::shard_bytes(e, t.dtype, world))
+                    .unwrap_or(0),
+                _ => 0,
+            }
         }
         _ => val_bytes(g, id).unwrap_or(0),
     }
