@@ -117,9 +117,13 @@ impl Graph {
 
     /// Adds a node without placing it in the program order (see [`Graph::set_order`]).
     pub fn add(&mut self, node: Node) -> Result<NodeId, Problem> {
-        if self.names.contains_key(&node.name) {
-            return Err(Problem::NameTaken { name: node.name });
-        }
+        // One hash of the name for both the check and the insertion.
+        let slot = match self.names.entry(node.name.clone()) {
+            std::collections::hash_map::Entry::Occupied(_) => {
+                return Err(Problem::NameTaken { name: node.name });
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => slot,
+        };
         let mut bad = None;
         node.for_each_ref(|r| {
             if bad.is_none() && !self.dag.contains_node(*r) {
@@ -129,8 +133,8 @@ impl Graph {
         if let Some(index) = bad {
             return Err(Problem::DanglingRef { index });
         }
-        let name = node.name.clone();
         let id = self.dag.add_node(node);
+        slot.insert(id);
         // Edges from the node's own arguments, without collecting them first: lend the
         // arguments out of the graph while the edges go in.
         let args = std::mem::take(&mut self.dag[id].args);
@@ -149,7 +153,6 @@ impl Graph {
         let node = &mut self.dag[id];
         node.args = args;
         node.kwargs = kwargs;
-        self.names.insert(name, id);
         Ok(id)
     }
 

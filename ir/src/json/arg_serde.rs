@@ -69,6 +69,8 @@ impl<'de, R: ReadRef<'de>> Visitor<'de> for ArgsVisitor<R> {
         while let Some(item) = seq.next_element_seed(ArgSeed(self.0))? {
             items.push(item);
         }
+        // Kept in the IR: exact, as the careful path's are (a shrink is in place).
+        items.shrink_to_fit();
         Ok(items)
     }
 }

@@ -346,6 +346,8 @@ impl<'de, S: DeserializeSeed<'de> + Copy> Visitor<'de> for ListSeed<S> {
         while let Some(x) = seq.next_element_seed(self.0)? {
             out.push(x);
         }
+        // Exact, as the careful path's collected vectors are (a shrink is in place).
+        out.shrink_to_fit();
         Ok(out)
     }
 }
