@@ -7,7 +7,15 @@ use libfuzzer_sys::fuzz_target;
 use zerosched_ir::{binary, json};
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(program) = binary::import(data) else {
+    // The fast path must give exactly what the careful path gives.
+    let careful = binary::import_careful(data).map(|p| binary::export(&p)).map_err(|e| e.to_string());
+    let fast = binary::import(data);
+    assert_eq!(
+        fast.as_ref().map(binary::export).map_err(|e| e.to_string()),
+        careful,
+        "fast and careful paths differ"
+    );
+    let Ok(program) = fast else {
         let _ = zerosched_ir::import(data);
         return;
     };

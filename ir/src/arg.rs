@@ -207,7 +207,7 @@ impl Drop for Nesting {
 
 /// Reads one ARG as `#[derive(Decode)]` would, with `node` reading a reference; written out so
 /// that containers are counted ([`Nesting`]) and both `Decode` and `BorrowDecode` share it.
-fn decode_arg<D: Decoder, R>(
+pub(crate) fn decode_arg<D: Decoder, R>(
     d: &mut D,
     node: &mut impl FnMut(&mut D) -> Result<R, DecodeError>,
 ) -> Result<Arg<R>, DecodeError> {

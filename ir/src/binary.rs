@@ -5,10 +5,13 @@
 //! hostile file gives an error, never a panic or a huge allocation.
 
 use crate::{
-    Diagnostics, Form, Grad, Graph, GraphKind, ImportError, Location, Node, NodeId, Param, Problem,
-    Program,
+    Arg, Diagnostics, Form, Grad, Graph, GraphKind, ImportError, Location, Meta, Node, NodeId, Op,
+    Param, Problem, Program,
 };
+use bincode::de::Decoder;
+use bincode::error::DecodeError;
 use bincode::{Decode, Encode};
+use std::collections::BTreeMap;
 
 /// `ZSGRAPH` and a byte that no text encoding of JSON starts with.
 pub const MAGIC: &[u8; 8] = b"ZSGRAPH\x89";
@@ -68,6 +71,28 @@ fn encode_graph(g: &Graph) -> BinGraph {
 }
 
 pub fn import(bytes: &[u8]) -> Result<Program, ImportError> {
+    let payload = payload(bytes)?;
+    // The fast path decodes straight into the IR and gives up on any problem; the careful
+    // path then decodes again and reports it as it always has.
+    if let Ok((FastProgram(program), used)) =
+        bincode::decode_from_slice_with_context(payload, config(), payload.len())
+    {
+        if used == payload.len() {
+            crate::verify::program(&program)?;
+            return Ok(program);
+        }
+    }
+    careful(payload)
+}
+
+/// [`import`] without its fast path: same result, same errors, slower. For differential
+/// tests and fuzzing of the fast path.
+pub fn import_careful(bytes: &[u8]) -> Result<Program, ImportError> {
+    careful(payload(bytes)?)
+}
+
+/// The bincode payload after a checked header.
+fn payload(bytes: &[u8]) -> Result<&[u8], ImportError> {
     let body = bytes
         .strip_prefix(MAGIC.as_slice())
         .ok_or(ImportError::BadMagic)?;
@@ -85,6 +110,10 @@ pub fn import(bytes: &[u8]) -> Result<Program, ImportError> {
             supported: VERSION,
         });
     }
+    Ok(payload)
+}
+
+fn careful(payload: &[u8]) -> Result<Program, ImportError> {
     let (doc, used): (BinProgram, usize) =
         bincode::decode_from_slice(payload, config()).map_err(|e| ImportError::Corrupt {
             message: e.to_string(),
@@ -161,4 +190,113 @@ fn decode_graph(bg: BinGraph, i: usize) -> Result<Graph, Diagnostics> {
     g.grads = bg.grads;
     d.into_result()?;
     Ok(g)
+}
+
+/// The fast path's program: [`BinProgram`] as `#[derive(Decode)]` reads it (the same bytes,
+/// the same claims against the decode limit, so it fails wherever that fails), each node
+/// going into its graph as it is read, references checked and converted on the way. Any
+/// problem, a bad reference or a repeated name included, is a decode error: the careful path
+/// then names it. The context is the payload's length, which bounds what is reserved.
+struct FastProgram(Program);
+
+/// The fewest bytes a node takes: five lengths or tags and four `Option` tags.
+const MIN_NODE_BYTES: usize = 9;
+
+// The fast path claims `Arg<u32>`s where it builds `Arg<NodeId>`s: the same size, so the
+// same limit.
+const _: () = assert!(std::mem::size_of::<Arg<u32>>() == std::mem::size_of::<Arg<NodeId>>());
+
+fn give_up() -> DecodeError {
+    DecodeError::Other("the fast path gives up")
+}
+
+fn decode_len<D: Decoder>(d: &mut D) -> Result<usize, DecodeError> {
+    let len = u64::decode(d)?;
+    usize::try_from(len).map_err(|_| DecodeError::OutsideUsizeRange(len))
+}
+
+impl Decode<usize> for FastProgram {
+    fn decode<D: Decoder<Context = usize>>(d: &mut D) -> Result<Self, DecodeError> {
+        let bundle = bool::decode(d)?;
+        let len = decode_len(d)?;
+        d.claim_container_read::<BinGraph>(len)?;
+        let mut graphs = Vec::with_capacity(len.min(*d.context()));
+        for _ in 0..len {
+            d.unclaim_bytes_read(std::mem::size_of::<BinGraph>());
+            graphs.push(decode_graph_fast(d)?);
+        }
+        let form = if bundle { Form::Bundle } else { Form::Graph };
+        Ok(FastProgram(Program { graphs, form }))
+    }
+}
+
+fn decode_graph_fast<D: Decoder<Context = usize>>(d: &mut D) -> Result<Graph, DecodeError> {
+    let name = Option::<String>::decode(d)?;
+    let kind = GraphKind::decode(d)?;
+    let mut g = Graph::new(name, kind);
+    let len = decode_len(d)?;
+    d.claim_container_read::<Node<u32>>(len)?;
+    g.reserve(len.min(*d.context() / MIN_NODE_BYTES), 0);
+    for pos in 0..len {
+        d.unclaim_bytes_read(std::mem::size_of::<Node<u32>>());
+        let node = decode_node(d, pos)?;
+        g.push(node).map_err(|_| give_up())?;
+    }
+    let params = Vec::<Param<u32>>::decode(d)?;
+    g.params.reserve_exact(params.len());
+    for p in params {
+        if p.node as usize >= len {
+            return Err(give_up());
+        }
+        let node = NodeId::new(p.node as usize);
+        g.params.push(Param {
+            name: p.name,
+            node,
+            shape: p.shape,
+            dtype: p.dtype,
+            persistent: p.persistent,
+        });
+    }
+    g.grads = Vec::<Grad>::decode(d)?;
+    Ok(g)
+}
+
+/// Node `pos` of its graph, as `Node<u32>` decodes, with references to earlier nodes only.
+fn decode_node<D: Decoder>(d: &mut D, pos: usize) -> Result<Node, DecodeError> {
+    let mut node_ref = |d: &mut D| {
+        let r = u32::decode(d)? as usize;
+        if r < pos {
+            Ok(NodeId::new(r))
+        } else {
+            Err(give_up())
+        }
+    };
+    let name = String::decode(d)?;
+    let op = Op::decode(d)?;
+    let target = String::decode(d)?;
+    let len = decode_len(d)?;
+    d.claim_container_read::<Arg<u32>>(len)?;
+    let mut args = Vec::with_capacity(len);
+    for _ in 0..len {
+        d.unclaim_bytes_read(std::mem::size_of::<Arg<u32>>());
+        args.push(crate::arg::decode_arg(d, &mut node_ref)?);
+    }
+    let len = decode_len(d)?;
+    d.claim_container_read::<(String, Arg<u32>)>(len)?;
+    let mut kwargs = BTreeMap::new();
+    for _ in 0..len {
+        d.unclaim_bytes_read(std::mem::size_of::<(String, Arg<u32>)>());
+        let key = String::decode(d)?;
+        let value = crate::arg::decode_arg(d, &mut node_ref)?;
+        kwargs.insert(key, value);
+    }
+    let meta = Meta::decode(d)?;
+    Ok(Node {
+        name,
+        op,
+        target,
+        args,
+        kwargs,
+        meta,
+    })
 }

@@ -117,19 +117,42 @@ impl Graph {
 
     /// Adds a node without placing it in the program order (see [`Graph::set_order`]).
     pub fn add(&mut self, node: Node) -> Result<NodeId, Problem> {
-        if self.names.contains_key(&node.name) {
-            return Err(Problem::NameTaken { name: node.name });
+        // One hash of the name for both the check and the insertion.
+        let slot = match self.names.entry(node.name.clone()) {
+            std::collections::hash_map::Entry::Occupied(_) => {
+                return Err(Problem::NameTaken { name: node.name });
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => slot,
+        };
+        let mut bad = None;
+        node.for_each_ref(|r| {
+            if bad.is_none() && !self.dag.contains_node(*r) {
+                bad = Some(r.index());
+            }
+        });
+        if let Some(index) = bad {
+            return Err(Problem::DanglingRef { index });
         }
-        if let Some(bad) = node.refs().find(|r| !self.dag.contains_node(**r)) {
-            return Err(Problem::DanglingRef { index: bad.index() });
-        }
-        let producers = distinct(node.refs().copied());
-        let name = node.name.clone();
         let id = self.dag.add_node(node);
-        for p in producers {
-            self.dag.add_edge(p, id, ());
-        }
-        self.names.insert(name, id);
+        slot.insert(id);
+        // Edges from the node's own arguments, without collecting them first: lend the
+        // arguments out of the graph while the edges go in.
+        let args = std::mem::take(&mut self.dag[id].args);
+        let kwargs = std::mem::take(&mut self.dag[id].kwargs);
+        let dag = &mut self.dag;
+        Distinct::default().each(
+            |f| {
+                for a in args.iter().chain(kwargs.values()) {
+                    a.for_each_ref(&mut |r| f(*r));
+                }
+            },
+            |p| {
+                dag.add_edge(p, id, ());
+            },
+        );
+        let node = &mut self.dag[id];
+        node.args = args;
+        node.kwargs = kwargs;
         Ok(id)
     }
 
@@ -289,7 +312,25 @@ impl Graph {
 
     /// Distinct producers a node reads, in the order its arguments first name them.
     pub fn inputs(&self, id: NodeId) -> Vec<NodeId> {
-        distinct(self.dag[id].refs().copied())
+        let mut out = Vec::new();
+        self.for_each_input(id, |p| out.push(p));
+        out
+    }
+
+    /// Calls `f` on each distinct producer a node reads, in the order its arguments first
+    /// name them: [`Graph::inputs`] without collecting them.
+    pub fn for_each_input(&self, id: NodeId, f: impl FnMut(NodeId)) {
+        let node = &self.dag[id];
+        Distinct::default().each(|g| node.for_each_ref(|r| g(*r)), f);
+    }
+
+    /// Room for `nodes` more nodes and `edges` more data edges, so that a reader that knows
+    /// how many are coming grows the storage once.
+    pub fn reserve(&mut self, nodes: usize, edges: usize) {
+        self.dag.reserve_nodes(nodes);
+        self.dag.reserve_edges(edges);
+        self.order.reserve(nodes);
+        self.names.reserve(nodes);
     }
 
     /// Distinct consumers of a node, by ascending index (deterministic, not program order).
@@ -346,25 +387,50 @@ impl Graph {
     }
 }
 
-/// Stable de-duplication of references: a linear scan for the usual handful, a set for the
-/// output node and other nodes with hundreds of arguments.
-fn distinct(refs: impl Iterator<Item = NodeId>) -> Vec<NodeId> {
-    let mut out: Vec<NodeId> = Vec::new();
-    let mut seen: Option<std::collections::HashSet<NodeId>> = None;
-    for r in refs {
-        let fresh = match &mut seen {
-            Some(set) => set.insert(r),
-            None if out.len() < 16 => !out.contains(&r),
-            None => {
-                let mut set: std::collections::HashSet<NodeId> = out.iter().copied().collect();
-                let fresh = set.insert(r);
-                seen = Some(set);
-                fresh
-            }
-        };
-        if fresh {
-            out.push(r);
+/// Stable de-duplication of references: a linear scan of a stack buffer for the usual
+/// handful, a set for the output node and other nodes with hundreds of arguments.
+#[derive(Default)]
+struct Distinct {
+    few: [NodeId; Distinct::FEW],
+    len: usize,
+    many: Option<std::collections::HashSet<NodeId>>,
+}
+
+impl Distinct {
+    const FEW: usize = 16;
+
+    fn fresh(&mut self, r: NodeId) -> bool {
+        if let Some(set) = &mut self.many {
+            return set.insert(r);
         }
+        if self.few[..self.len].contains(&r) {
+            return false;
+        }
+        if self.len < Distinct::FEW {
+            self.few[self.len] = r;
+            self.len += 1;
+        } else {
+            let mut set: std::collections::HashSet<NodeId> = self.few.iter().copied().collect();
+            set.insert(r);
+            self.many = Some(set);
+        }
+        true
     }
+
+    /// Feeds the references that `refs` produces through the filter, calling `f` on each
+    /// first occurrence, in order.
+    fn each(mut self, refs: impl FnOnce(&mut dyn FnMut(NodeId)), mut f: impl FnMut(NodeId)) {
+        refs(&mut |r| {
+            if self.fresh(r) {
+                f(r)
+            }
+        });
+    }
+}
+
+/// [`Distinct`] into a `Vec`.
+fn distinct(refs: impl Iterator<Item = NodeId>) -> Vec<NodeId> {
+    let mut out = Vec::new();
+    Distinct::default().each(|f| refs.for_each(f), |r| out.push(r));
     out
 }

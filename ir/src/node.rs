@@ -73,10 +73,16 @@ impl<R> Node<R> {
     /// Every node reference in `args` then `kwargs` (in key order), with repeats.
     pub fn refs(&self) -> impl Iterator<Item = &R> {
         let mut out = Vec::new();
-        for a in self.args.iter().chain(self.kwargs.values()) {
-            a.for_each_ref(&mut |r| out.push(r));
-        }
+        self.for_each_ref(|r| out.push(r));
         out.into_iter()
+    }
+
+    /// Calls `f` on every node reference in `args` then `kwargs` (in key order), with
+    /// repeats: [`Node::refs`] without collecting them.
+    pub fn for_each_ref<'a>(&'a self, mut f: impl FnMut(&'a R)) {
+        for a in self.args.iter().chain(self.kwargs.values()) {
+            a.for_each_ref(&mut f);
+        }
     }
 
     /// Rewrites every reference, keeping everything else.

@@ -1,0 +1,223 @@
+//! The importers' fast paths against their careful paths (`json::import_careful`,
+//! `binary::import_careful`): on generated documents and on damaged copies of them, `import`
+//! must give exactly what the careful path gives — the same program, or the same error text.
+
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+use serde_json::Value;
+use zerosched_ir::testing::{self, Config};
+use zerosched_ir::{binary, json};
+
+fn cases() -> ProptestConfig {
+    ProptestConfig {
+        cases: 512,
+        ..ProptestConfig::default()
+    }
+}
+
+/// Both importers on `bytes`, compared by export (JSON and binary) or by error text.
+fn agree(bytes: &[u8]) -> Result<(), TestCaseError> {
+    let describe = |r: &Result<zerosched_ir::Program, zerosched_ir::ImportError>| match r {
+        Ok(p) => Ok((json::export(p), binary::export(p))),
+        Err(e) => Err(e.to_string()),
+    };
+    let fast = describe(&json::import(bytes));
+    let careful = describe(&json::import_careful(bytes));
+    prop_assert!(
+        fast == careful,
+        "fast and careful paths differ\n--- fast\n{:?}\n--- careful\n{:?}\n--- document\n{}",
+        fast.as_ref()
+            .map(|(j, _)| String::from_utf8_lossy(j).into_owned()),
+        careful
+            .as_ref()
+            .map(|(j, _)| String::from_utf8_lossy(j).into_owned()),
+        String::from_utf8_lossy(bytes)
+    );
+    Ok(())
+}
+
+/// Replacement values: each of the JSON types, and numbers at the edges the importers treat
+/// differently.
+fn replacement(pick: u64) -> Value {
+    let s = |t: &str| Value::String(t.to_owned());
+    match pick % 22 {
+        0 => Value::Null,
+        1 => Value::Bool(true),
+        2 => Value::from(-1),
+        3 => Value::from(1.5),
+        4 => Value::from(u64::MAX),
+        5 => Value::from(i64::MAX as u64 + 1),
+        6 => Value::from(1u64 << 32),
+        7 => s("x"),
+        8 => s("fx-program"),
+        9 => s("bfloat16"),
+        10 => s("output"),
+        11 => Value::Array(vec![]),
+        12 => Value::Array(vec![Value::Null, Value::from(3)]),
+        13 => serde_json::json!({}),
+        14 => serde_json::json!({"sym": "s0", "hint": 4}),
+        15 => serde_json::json!({"sym": "s0", "hint": -4}),
+        16 => serde_json::json!({"sym": "s0"}),
+        17 => serde_json::json!({"node": "x"}),
+        18 => serde_json::json!({"shape": [2, 3], "dtype": "float32"}),
+        19 => serde_json::json!({"shape": [2, -3], "dtype": "float32"}),
+        20 => Value::from(0),
+        _ => Value::from(2.0),
+    }
+}
+
+fn count(v: &Value) -> u64 {
+    1 + match v {
+        Value::Array(a) => a.iter().map(count).sum(),
+        Value::Object(o) => o.values().map(count).sum(),
+        _ => 0,
+    }
+}
+
+/// Applies `op` to the `at`-th value in pre-order.
+fn mutate(v: &mut Value, at: &mut u64, op: u64, seed: u64) -> bool {
+    if *at == 0 {
+        match op % 4 {
+            // Replace the value.
+            0 | 1 => *v = replacement(seed),
+            // Drop a key or an item.
+            2 => match v {
+                Value::Object(o) if !o.is_empty() => {
+                    let k = o.keys().nth((seed as usize) % o.len()).cloned();
+                    if let Some(k) = k {
+                        o.remove(&k);
+                    }
+                }
+                Value::Array(a) if !a.is_empty() => {
+                    a.remove((seed as usize) % a.len());
+                }
+                _ => *v = replacement(seed),
+            },
+            // Add a key (an unknown one, or a known one with a new value) or an item.
+            _ => match v {
+                Value::Object(o) => {
+                    let keys = [
+                        "zzz", "name", "kind", "op", "target", "args", "meta", "val", "hint",
+                        "sym", "shape", "stride", "device", "params", "grads", "version",
+                    ];
+                    o.insert(
+                        keys[(seed as usize) % keys.len()].to_owned(),
+                        replacement(seed / 7),
+                    );
+                }
+                Value::Array(a) => a.push(replacement(seed)),
+                _ => *v = replacement(seed),
+            },
+        }
+        return true;
+    }
+    *at -= 1;
+    match v {
+        Value::Array(a) => a.iter_mut().any(|x| mutate(x, at, op, seed)),
+        Value::Object(o) => o.values_mut().any(|x| mutate(x, at, op, seed)),
+        _ => false,
+    }
+}
+
+/// Both binary importers on `bytes`, compared by binary export or by error text.
+fn agree_bin(bytes: &[u8]) -> Result<(), TestCaseError> {
+    let fast = binary::import(bytes)
+        .map(|p| binary::export(&p))
+        .map_err(|e| e.to_string());
+    let careful = binary::import_careful(bytes)
+        .map(|p| binary::export(&p))
+        .map_err(|e| e.to_string());
+    prop_assert_eq!(fast, careful);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(cases())]
+
+    /// A changed byte (about 64 sampled positions per case), a cut, or a graph whose nodes
+    /// point forward or repeat a name.
+    #[test]
+    fn binary_fast_path_agrees_on_damaged_documents(
+        p in testing::program(&Config::small()),
+        flip in 1u8..=255,
+        offset in any::<usize>(),
+    ) {
+        let bin = binary::export(&p);
+        agree_bin(&bin)?;
+        let step = (bin.len() / 64).max(1);
+        let mut bad = bin.clone();
+        for i in (offset % step..bad.len()).step_by(step) {
+            bad[i] ^= flip;
+            agree_bin(&bad)?;
+            bad[i] = bin[i];
+            agree_bin(&bin[..i])?;
+        }
+    }
+
+    #[test]
+    fn fast_path_agrees_on_exports(p in testing::program(&Config::default())) {
+        agree(&json::export(&p))?;
+    }
+
+    #[test]
+    fn fast_path_agrees_on_damaged_documents(
+        p in testing::program(&Config::small()),
+        picks in proptest::collection::vec((any::<u64>(), any::<u64>(), any::<u64>()), 1..4),
+    ) {
+        let mut v: Value = serde_json::from_slice(&json::export(&p)).unwrap();
+        for (at, op, seed) in picks {
+            let mut at = at % count(&v);
+            mutate(&mut v, &mut at, op, seed);
+        }
+        agree(serde_json::to_string(&v).unwrap().as_bytes())?;
+    }
+
+    /// Text-level damage: a repeated key, a cut, a stray byte.
+    #[test]
+    fn fast_path_agrees_on_damaged_text(
+        p in testing::program(&Config::small()),
+        at in any::<u64>(),
+        how in 0u8..4,
+    ) {
+        let text = String::from_utf8(json::export(&p)).unwrap();
+        let i = (at as usize) % text.len();
+        let i = (0..=i).rev().find(|&j| text.is_char_boundary(j)).unwrap_or(0);
+        let damaged = match how {
+            0 => {
+                // Repeat the first key at or after `i` (with a null value) right after its
+                // object's opening brace.
+                match text[..i].rfind('{') {
+                    Some(b) => {
+                        let rest = &text[b + 1..];
+                        match rest.find("\":") {
+                            Some(e) if rest.starts_with('"') => {
+                                let key = &rest[..e + 2];
+                                format!("{}{}null,{}", &text[..=b], key, rest)
+                            }
+                            _ => text.clone(),
+                        }
+                    }
+                    None => text.clone(),
+                }
+            }
+            1 => text[..i].to_owned(),
+            2 => format!("{}\\{}", &text[..i], &text[i..]),
+            _ => format!("{}\"a\\u0041\"{}", &text[..i], &text[i..]),
+        };
+        agree(damaged.as_bytes())?;
+    }
+}
+
+#[test]
+fn fast_path_agrees_on_error_fixtures() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/import_errors");
+    let mut seen = 0;
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = e.path();
+        if path.extension().is_some_and(|x| x == "json") {
+            agree(&std::fs::read(&path).unwrap()).unwrap();
+            seen += 1;
+        }
+    }
+    assert!(seen > 0);
+}
