@@ -78,7 +78,7 @@ fn gather_param(
         aliases
             .members(replaced)
             .iter()
-            .any(|&m| m != placeholder && g.inputs(o).contains(&m))
+            .any(|&m| m != placeholder && g.dag().contains_edge(m, o))
     });
     if compute_uses.is_empty() && !escapes {
         if uses.is_empty() {
@@ -147,7 +147,7 @@ fn fusable_downcast(
         Some(Val::Tensor(t)) => t.dtype,
         _ => g.param_of(placeholder)?.dtype,
     };
-    let returned = output.is_some_and(|o| g.users(user).contains(&o));
+    let returned = output.is_some_and(|o| g.dag().contains_edge(user, o));
     (to.is_floating() && from.is_floating() && to.size() < from.size() && !returned)
         .then_some((user, *to))
 }
