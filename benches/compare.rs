@@ -28,13 +28,22 @@ fn median(mut xs: Vec<Duration>) -> Duration {
     xs[xs.len() / 2]
 }
 
-fn time<F: FnMut()>(reps: usize, mut f: F) -> Duration {
+/// Median of `reps` runs of `f`, each on a fresh input from `setup`; making the input and
+/// dropping what `f` returns stay outside the timing.
+fn time_with<T, R>(
+    reps: usize,
+    mut setup: impl FnMut() -> T,
+    mut f: impl FnMut(T) -> R,
+) -> Duration {
     median(
         (0..reps)
             .map(|_| {
+                let input = setup();
                 let t = Instant::now();
-                f();
-                t.elapsed()
+                let out = f(input);
+                let d = t.elapsed();
+                drop(out);
+                d
             })
             .collect(),
     )
@@ -117,35 +126,38 @@ fn main() {
             .filter_map(|&s| {
                 let sched = by_name(s)?;
                 let o = opts(s, 2 * layer).schedule;
-                let d = time(
-                    if s == "deepcompile" {
-                        reps.min(3)
-                    } else {
-                        reps
-                    },
-                    || {
-                        for g in &inserted.graphs {
-                            let mut g = g.clone();
-                            let _ = sched.schedule(&mut g, &o);
+                let n = if s == "deepcompile" {
+                    reps.min(3)
+                } else {
+                    reps
+                };
+                let d = time_with(
+                    n,
+                    || inserted.graphs.clone(),
+                    |mut graphs| {
+                        for g in &mut graphs {
+                            let _ = sched.schedule(g, &o);
                         }
+                        graphs
                     },
                 );
                 Some((s, d))
             })
             .collect();
-        let whole = time(reps, || {
-            if let Ok(mut p) = zerosched_ir::import(&bytes) {
-                let _ = pipeline::run(&pipeline::standard(), &mut p, &opts("prefetch", 2 * layer));
-                let _ = zerosched_passes::checker::check_program(
-                    &p,
-                    &zerosched_passes::checker::CheckOptions {
-                        budget: 2 * layer,
-                        world_size: WORLD,
-                    },
-                );
-                std::hint::black_box(zerosched_ir::json::export(&p));
-            }
-        });
+        let whole = time_with(
+            reps,
+            || (),
+            |()| {
+                let mut p = zerosched_ir::import(&bytes).ok()?;
+                pipeline::run(&pipeline::standard(), &mut p, &opts("prefetch", 2 * layer)).ok()?;
+                let check = zerosched_passes::checker::CheckOptions {
+                    budget: 2 * layer,
+                    world_size: WORLD,
+                };
+                zerosched_passes::checker::check_program(&p, &check).ok()?;
+                Some((std::hint::black_box(zerosched_ir::json::export(&p)), p))
+            },
+        );
         timing.push((name, nodes, per, whole));
     }
     println!("\n## Time (2-layer budget)\n");

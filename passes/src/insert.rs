@@ -195,9 +195,14 @@ fn reduce_grads(
     }
     slots.sort_by_key(|s| s.0);
     let mut reduces = Vec::with_capacity(slots.len());
+    let declared: BTreeSet<String> = g
+        .params
+        .iter()
+        .filter(|p| p.persistent)
+        .map(|p| p.name.clone())
+        .collect();
     for (_, grad, param) in &slots {
-        let sharded = !persistent.contains(param)
-            && g.params.iter().all(|p| &p.name != param || !p.persistent);
+        let sharded = !persistent.contains(param) && !declared.contains(param);
         let r = g.add(ops::reduce_grad(g, *grad, param, sharded))?;
         g.meta_mut(r).val = g.node(*grad).meta.val.clone();
         plan.after.entry(*grad).or_default().push(r);
