@@ -215,6 +215,24 @@ impl Graph {
         Ok(())
     }
 
+    /// Rewrites every reference in a node's arguments with `f`, keeping the data edges in
+    /// step (the one way passes redirect a consumer to another producer).
+    pub fn map_refs(
+        &mut self,
+        id: NodeId,
+        mut f: impl FnMut(NodeId) -> NodeId,
+    ) -> Result<(), Problem> {
+        let n = &self.dag[id];
+        let mut swap = |r: &NodeId| f(*r);
+        let args = n.args.iter().map(|a| a.map_refs(&mut swap)).collect();
+        let kwargs = n
+            .kwargs
+            .iter()
+            .map(|(k, a)| (k.clone(), a.map_refs(&mut swap)))
+            .collect();
+        self.set_args(id, args, kwargs)
+    }
+
     /// Removes a node that nothing uses any more.
     pub fn remove(&mut self, id: NodeId) -> Result<Node, Problem> {
         if self

@@ -102,7 +102,7 @@ fn gather_param(
     g.meta_mut(wait).val = full;
     g.meta_mut(wait).aliases = Some(vec![0]);
     for &user in &consumers {
-        rewire(g, user, replaced, wait)?;
+        g.map_refs(user, |r| if r == replaced { wait } else { r })?;
     }
     if let Some((cast_node, _)) = cast {
         plan.removed.push(cast_node);
@@ -160,18 +160,6 @@ fn full_meta(g: &Graph, placeholder: NodeId, dtype: Option<Dtype>) -> Option<Val
         t.device.clone_from(&v.device);
     }
     Some(Val::Tensor(t))
-}
-
-fn rewire(g: &mut Graph, user: NodeId, from: NodeId, to: NodeId) -> Result<(), Problem> {
-    let n = g.node(user);
-    let mut swap = |r: &NodeId| if *r == from { to } else { *r };
-    let args = n.args.iter().map(|a| a.map_refs(&mut swap)).collect();
-    let kwargs = n
-        .kwargs
-        .iter()
-        .map(|(k, a)| (k.clone(), a.map_refs(&mut swap)))
-        .collect();
-    g.set_args(user, args, kwargs)
 }
 
 fn reduce_grads(

@@ -5,39 +5,20 @@
 
 mod common;
 
-use common::{Builder, fixture, fixture_files, node, pos, random_topological_order};
+use common::{
+    Builder, WORLD, check_options, fixture, fixture_files, node, options, pos,
+    random_topological_order,
+};
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 use zerosched_ir::{
     Arg, Dim, Dtype, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program, TensorMeta, Val,
 };
-use zerosched_passes::checker::{CheckOptions, CheckReport, check_graph, check_program};
+use zerosched_passes::checker::{CheckReport, check_graph, check_program};
 use zerosched_passes::insert::insert;
 use zerosched_passes::ops::{self, CommOp};
 use zerosched_passes::pipeline::{self, Context, PipelineOptions};
 use zerosched_passes::schedule::{NAMES, ScheduleOptions, by_name};
-
-const WORLD: u32 = 8;
-
-fn options(scheduler: &str, budget: u64) -> PipelineOptions {
-    PipelineOptions {
-        scheduler: scheduler.to_owned(),
-        schedule: ScheduleOptions {
-            budget,
-            world_size: WORLD,
-            ..ScheduleOptions::default()
-        },
-        verify: true,
-        ..PipelineOptions::default()
-    }
-}
-
-fn check_options(budget: u64) -> CheckOptions {
-    CheckOptions {
-        budget,
-        world_size: WORLD,
-    }
-}
 
 /// The standard pipeline (insert, schedule, keep) with the verifier and the checker after
 /// every pass, then the checker once more for its reports.

@@ -8,40 +8,22 @@
 //! its order does not depend on the budget and that an over-budget order is caught by the
 //! checker, never passed on silently by the verifying pipeline.
 
+mod common;
+
+use common::{WORLD, check_options, options};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 use zerosched_ir::testing::{self, Config};
 use zerosched_ir::{Graph, Program};
-use zerosched_passes::checker::{CheckOptions, CheckReport, Violation, check_graph, check_program};
+use zerosched_passes::checker::{CheckReport, Violation, check_graph, check_program};
 use zerosched_passes::pipeline::{self, PassError, PipelineOptions};
 use zerosched_passes::schedule::{NAMES, ScheduleError, ScheduleOptions, ScheduleReport, by_name};
 
-const WORLD: u32 = 8;
 const CASES: u32 = 64;
 
 fn cfg() -> Config {
     Config::default().plain()
-}
-
-fn check_options(budget: u64) -> CheckOptions {
-    CheckOptions {
-        budget,
-        world_size: WORLD,
-    }
-}
-
-fn options(scheduler: &str, budget: u64) -> PipelineOptions {
-    PipelineOptions {
-        scheduler: scheduler.to_owned(),
-        schedule: ScheduleOptions {
-            budget,
-            world_size: WORLD,
-            ..ScheduleOptions::default()
-        },
-        verify: true,
-        ..PipelineOptions::default()
-    }
 }
 
 /// Persistence is a property of the parameter: every graph's declaration says so, so that the

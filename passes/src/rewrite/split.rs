@@ -113,7 +113,9 @@ pub fn split_long_gaps(g: &mut Graph, min_gap_nodes: usize) -> Result<SplitRepor
                             map.insert(input, c);
                         }
                     }
-                    replace_refs(g, u, &map)?;
+                    if !map.is_empty() {
+                        g.map_refs(u, |r| map.get(&r).copied().unwrap_or(r))?;
+                    }
                 }
             }
             if k == last {
@@ -178,23 +180,4 @@ fn copy_chain(
         stack.pop();
     }
     copies.get(&value).copied().ok_or(Problem::Missing)
-}
-
-fn replace_refs(
-    g: &mut Graph,
-    user: NodeId,
-    map: &BTreeMap<NodeId, NodeId>,
-) -> Result<(), Problem> {
-    if map.is_empty() {
-        return Ok(());
-    }
-    let n = g.node(user);
-    let mut swap = |r: &NodeId| map.get(r).copied().unwrap_or(*r);
-    let args = n.args.iter().map(|a| a.map_refs(&mut swap)).collect();
-    let kwargs = n
-        .kwargs
-        .iter()
-        .map(|(k, a)| (k.clone(), a.map_refs(&mut swap)))
-        .collect();
-    g.set_args(user, args, kwargs)
 }

@@ -200,22 +200,6 @@ impl Writer<'_> {
     }
 }
 
-fn replace_refs(
-    g: &mut Graph,
-    user: NodeId,
-    map: &BTreeMap<NodeId, NodeId>,
-) -> Result<(), Problem> {
-    let n = g.node(user);
-    let mut swap = |r: &NodeId| map.get(r).copied().unwrap_or(*r);
-    let args = n.args.iter().map(|a| a.map_refs(&mut swap)).collect();
-    let kwargs = n
-        .kwargs
-        .iter()
-        .map(|(k, a)| (k.clone(), a.map_refs(&mut swap)))
-        .collect();
-    g.set_args(user, args, kwargs)
-}
-
 /// A topological order that follows the keys wherever the edges allow (Kahn's algorithm,
 /// smallest key first): an order that was already topological comes back unchanged.
 fn ordered(
@@ -306,7 +290,7 @@ pub(super) fn write_back(g: &mut Graph, built: &Built, plan: &Plan) -> Result<Ef
         }
     }
     for (consumer, map) in &rewire {
-        replace_refs(g, *consumer, map)?;
+        g.map_refs(*consumer, |r| map.get(&r).copied().unwrap_or(r))?;
     }
 
     // One release per remaining gather, reusing the release of the last segment it covers.

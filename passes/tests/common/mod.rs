@@ -339,3 +339,28 @@ pub fn fixture(name: &str) -> zerosched_ir::Program {
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     zerosched_ir::import(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
+
+/// The world size the shared option builders use.
+pub const WORLD: u32 = 8;
+
+/// Pipeline options for `scheduler` at `budget`, with the verifier and the checker after every
+/// pass.
+pub fn options(scheduler: &str, budget: u64) -> zerosched_passes::pipeline::PipelineOptions {
+    zerosched_passes::pipeline::PipelineOptions {
+        scheduler: scheduler.to_owned(),
+        schedule: zerosched_passes::schedule::ScheduleOptions {
+            budget,
+            world_size: WORLD,
+            ..zerosched_passes::schedule::ScheduleOptions::default()
+        },
+        verify: true,
+        ..zerosched_passes::pipeline::PipelineOptions::default()
+    }
+}
+
+pub fn check_options(budget: u64) -> zerosched_passes::checker::CheckOptions {
+    zerosched_passes::checker::CheckOptions {
+        budget,
+        world_size: WORLD,
+    }
+}
