@@ -6,4 +6,5 @@ pub mod default_program;
 pub mod exec;
 pub mod io;
 pub mod report;
+pub mod request;
 pub mod summary;

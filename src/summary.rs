@@ -4,7 +4,7 @@ use std::fmt::Write;
 use zerosched_ir::{Graph, NodeId, Op, Program};
 
 /// Size figures of one graph.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct GraphSummary {
     pub name: String,
     pub kind: &'static str,

@@ -1,3 +1,5 @@
 """zerosched: ZeRO-3 communication scheduling for PyTorch training graphs (Python side)."""
 
-__version__ = "0.1.0"
+from zerosched._core import OverBudgetError, ZeroschedError, __version__, check, schedule
+
+__all__ = ["OverBudgetError", "ZeroschedError", "__version__", "check", "schedule"]

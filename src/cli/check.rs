@@ -1,6 +1,6 @@
 use super::Failure;
 use std::path::PathBuf;
-use zerosched_passes::checker::{CheckOptions, check_program};
+use zerosched::request::CheckRequest;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -16,31 +16,24 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<(), Failure> {
     let (label, program) = input(args.file.as_deref())?;
+    let request = CheckRequest {
+        budget: args.budget,
+        world_size: args.world_size,
+    };
+    let summary = request.run(&label, &program)?;
     println!("{label}: ok");
     print!("{}", zerosched::summary::table(&program));
-    let scheduled = program.graphs.iter().any(|g| {
-        g.nodes()
-            .any(|(_, n)| zerosched_ir::comm::CommOp::of(n).is_some())
-    });
-    if scheduled {
-        let opts = CheckOptions {
-            budget: args.budget.unwrap_or(u64::MAX),
-            world_size: args.world_size,
-        };
-        let reports = check_program(&program, &opts)
-            .map_err(|v| format!("{label}: the schedule checker rejects it:\n{v}"))?;
-        for r in reports {
-            println!(
-                "schedule of {}: ok ({} gathers, {} reuses, {} releases, {} keeps, {} reductions, peak gathered {})",
-                r.graph,
-                r.gathers,
-                r.reuses,
-                r.releases,
-                r.keeps,
-                r.reductions,
-                zerosched::summary::bytes(r.peak_gathered)
-            );
-        }
+    for r in summary.schedules {
+        println!(
+            "schedule of {}: ok ({} gathers, {} reuses, {} releases, {} keeps, {} reductions, peak gathered {})",
+            r.graph,
+            r.gathers,
+            r.reuses,
+            r.releases,
+            r.keeps,
+            r.reductions,
+            zerosched::summary::bytes(r.peak_gathered)
+        );
     }
     Ok(())
 }

@@ -1,12 +1,9 @@
 use super::Failure;
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use zerosched::io::{Encoding, encode, write_atomic};
 use zerosched::report::Report;
+use zerosched::request::{ScheduleRequest, Scheduled};
 use zerosched_passes::cost::CostModel;
-use zerosched_passes::pipeline::{self, PipelineOptions};
-use zerosched_passes::schedule::ScheduleOptions;
-use zerosched_passes::simulate::SimOptions;
 use zerosched_passes::simulate::trace::chrome_trace;
 
 #[derive(clap::Args)]
@@ -42,80 +39,40 @@ pub struct Args {
     trace: Option<PathBuf>,
 }
 
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    s.parse::<bytesize::ByteSize>()
-        .map(|b| b.as_u64())
-        .map_err(|e| format!("not a byte size: {e}"))
-}
+pub use zerosched::request::parse_bytes;
 
-fn options(args: &Args) -> Result<PipelineOptions, Failure> {
-    let known = pipeline::pass_names();
-    for name in args.disable.iter().chain(&args.dump_after) {
-        if !known.contains(&name.as_str()) {
-            return Err(format!("unknown pass `{name}` (passes: {})", known.join(", ")).into());
-        }
-    }
-    if !zerosched_passes::schedule::NAMES.contains(&args.scheduler.as_str()) {
-        let names = zerosched_passes::schedule::NAMES.join(", ");
-        return Err(format!(
-            "unknown scheduler `{}` (schedulers: {names})",
-            args.scheduler
-        )
-        .into());
-    }
-    if args.world_size == 0 {
-        return Err("--world-size must be at least 1".into());
-    }
-    let cost = match &args.cost {
-        Some(path) => {
-            let text =
-                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            CostModel::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?
-        }
-        None => CostModel::default(),
-    };
-    Ok(PipelineOptions {
-        schedule: ScheduleOptions {
-            budget: args.budget.unwrap_or(u64::MAX),
-            world_size: args.world_size,
-            cost,
-        },
+fn request(args: &Args) -> Result<ScheduleRequest, Failure> {
+    Ok(ScheduleRequest {
+        budget: args.budget,
+        world_size: args.world_size,
         scheduler: args.scheduler.clone(),
-        disabled: args.disable.iter().cloned().collect::<BTreeSet<_>>(),
-        dump_after: args.dump_after.iter().cloned().collect(),
+        cost: args.cost.as_deref().map(read_cost).transpose()?,
+        disable: args.disable.clone(),
+        dump_after: args.dump_after.clone(),
         verify: true,
     })
 }
 
-/// The cost model from a JSON file, or the default.
-pub fn cost_model(path: Option<&std::path::Path>) -> Result<CostModel, Failure> {
-    let Some(path) = path else {
-        return Ok(CostModel::default());
-    };
+fn read_cost(path: &std::path::Path) -> Result<CostModel, Failure> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(CostModel::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?)
 }
 
+/// The cost model from a JSON file, or the default.
+pub fn cost_model(path: Option<&std::path::Path>) -> Result<CostModel, Failure> {
+    Ok(path.map(read_cost).transpose()?.unwrap_or_default())
+}
+
 pub fn run(args: Args) -> Result<(), Failure> {
-    let opts = options(&args)?;
+    let request = request(&args)?;
+    // Options first: a bad flag is reported before the input is read.
+    request.pipeline_options()?;
     let (label, mut program) = super::check::input(args.input.as_deref())?;
-    let cx = pipeline::run(&pipeline::standard(), &mut program, &opts)?;
-    let sim = SimOptions {
-        world_size: opts.schedule.world_size,
-        cost: opts.schedule.cost.clone(),
-    };
-    let report = Report::new(
-        &label,
-        &program,
-        Some(&cx),
-        Some(&opts.scheduler),
-        opts.schedule.budget,
-        &sim,
-    );
+    let Scheduled { context, report } = request.run(&label, &mut program)?;
     print!("{}", report.table());
     if let Some(path) = &args.output {
         write_atomic(path, &encode(&program, Encoding::from_path(path)))?;
-        for (pass, dumped) in &cx.dumps {
+        for (pass, dumped) in &context.dumps {
             let dump = path.with_extension(format!("after-{pass}.json"));
             write_atomic(&dump, &zerosched_ir::json::export(dumped))?;
         }

@@ -28,7 +28,7 @@ pub struct CheckOptions {
 }
 
 /// What a graph that passed does.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CheckReport {
     pub graph: String,
     pub gathers: usize,
