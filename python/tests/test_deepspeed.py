@@ -391,8 +391,12 @@ def test_a_budget_no_schedule_fits_runs_the_smallest_that_does_and_reports_it():
     zds.install()
     budget = list_schedule.SchedulerMemoryBudget.minimum_gather_residency(1)
     out = zero3_compile.fast_free_schedule(copy.deepcopy(g), 0, 0, False, scheduler_budget=budget)
-    (overflow,) = getattr(out, list_schedule.DS_SCHEDULER_BUDGET_DIAGNOSTICS_ATTR)["budget_overflows"]
+    diagnostics = getattr(out, list_schedule.DS_SCHEDULER_BUDGET_DIAGNOSTICS_ATTR)
+    (overflow,) = diagnostics["budget_overflows"]
     assert overflow["max_gathered_bytes"] == 1 and overflow["needed_bytes"] >= 4 * 4 * 4
+    assert diagnostics["zerosched"]["budget_bytes"] == overflow["needed_bytes"]
+    assert 0 < diagnostics["selected"][0]["peak_gathered_bytes"] <= overflow["needed_bytes"]
+    check_schedule(out)
     with pytest.raises(zerosched.OverBudgetError) as e:
         zds.schedule_graph(copy.deepcopy(g), budget=1)
     assert e.value.needed == overflow["needed_bytes"]
