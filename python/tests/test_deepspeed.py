@@ -18,17 +18,15 @@ import torch
 import torch.fx
 from torch.fx import Graph, GraphModule, Node
 
-pytest.importorskip("deepspeed")
+import deepspeed.compile.util as ds_util
+from deepspeed.compile import list_schedule
+from deepspeed.compile.graph_param import DSGraphParamManager
+from deepspeed.compile.passes import zero3_compile
+from deepspeed.compile.profilers.graph_profile import _backfill_missing_profile_metadata
 
-import deepspeed.compile.util as ds_util  # noqa: E402
-from deepspeed.compile import list_schedule  # noqa: E402
-from deepspeed.compile.graph_param import DSGraphParamManager  # noqa: E402
-from deepspeed.compile.passes import zero3_compile  # noqa: E402
-from deepspeed.compile.profilers.graph_profile import _backfill_missing_profile_metadata  # noqa: E402
-
-import zerosched  # noqa: E402
-from zerosched import deepspeed as zds  # noqa: E402
-from zerosched import export, models  # noqa: E402
+import zerosched
+from zerosched import deepspeed as zds
+from zerosched import export, models
 
 aten = torch.ops.aten
 
