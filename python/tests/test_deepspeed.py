@@ -324,6 +324,22 @@ def _graph(kind: str) -> tuple[Graph, list]:
         b = g.call_function(aten.add.Tensor, (a, second))
         a.meta["val"], b.meta["val"] = torch.empty(2, 4), torch.empty(2, 4)
         g.output((b,))
+    elif kind == "param_cast_down_before_its_use":
+        cast = g.call_function(torch.ops.prims.convert_element_type.default, (w0, torch.bfloat16))
+        y16 = g.call_function(torch.ops.prims.convert_element_type.default, (y, torch.bfloat16))
+        z = g.call_function(aten.mm.default, (y16, cast))
+        cast.meta["val"] = torch.empty(4, 4, dtype=torch.bfloat16)
+        y16.meta["val"] = torch.empty(2, 4, dtype=torch.bfloat16)
+        z.meta["val"] = torch.empty(2, 4, dtype=torch.bfloat16)
+        g.output((z,))
+    elif kind == "param_read_by_a_multi_output_op":
+        top = g.call_function(aten.max.dim, (w0, 1))
+        top.meta["val"] = [torch.empty(4), torch.empty(4, dtype=torch.long)]
+        values = g.call_function(operator.getitem, (top, 0))
+        values.meta["val"] = torch.empty(4)
+        z = g.call_function(aten.add.Tensor, (y, values))
+        z.meta["val"] = torch.empty(2, 4)
+        g.output((z,))
     torch.manual_seed(0)
     return g, [torch.randn(4, 4), torch.randn(4, 4), torch.randn(2, 4)]
 
@@ -380,6 +396,34 @@ def test_param_used_through_split_views_is_released_after_every_view_use():
     releases = [n for n in ours.nodes if n.target is RELEASE and n.args[2] == 10]
     # Both uses of w0's views (mul of the first half, add of the second) hold a release.
     assert sorted(str(r.args[0].target) for r in releases) == ["aten.add.Tensor", "aten.mul.Tensor"]
+    for w, o in zip(_run(original, args), _run(GraphModule(torch.nn.Module(), ours), args), strict=True):
+        torch.testing.assert_close(o, w, rtol=0, atol=0)
+
+
+def test_a_downcast_param_is_gathered_in_the_smaller_dtype():
+    g, args, original = _insert("param_cast_down_before_its_use")
+    # DeepSpeed's insertion moved the cast into the gather; the adapter restores it, zerosched fuses it.
+    assert next(n for n in g.nodes if n.target is GATHER and n.args[2] == 10).kwargs["dtype"] is torch.bfloat16
+    zds.install()
+    ours = _schedule(g)
+    assert "zerosched" in getattr(ours, list_schedule.DS_SCHEDULER_BUDGET_DIAGNOSTICS_ATTR)
+    assert check_schedule(ours) == {10: 1, 11: 1}
+    gather = next(n for n in ours.nodes if n.target is GATHER and n.args[2] == 10)
+    assert gather.kwargs["dtype"] is torch.bfloat16
+    casts = [n for n in ours.nodes if n.target is torch.ops.prims.convert_element_type.default]
+    assert len(casts) == 1 and casts[0].args[0].op != "placeholder"  # y's cast stays; w0's is the gather's
+    for w, o in zip(_run(original, args), _run(GraphModule(torch.nn.Module(), ours), args), strict=True):
+        torch.testing.assert_close(o, w, rtol=0, atol=0)
+
+
+def test_a_param_read_by_a_multi_output_op_is_released_behind_its_getitem():
+    g, args, original = _insert("param_read_by_a_multi_output_op")
+    zds.install()
+    ours = _schedule(g)
+    assert "zerosched" in getattr(ours, list_schedule.DS_SCHEDULER_BUDGET_DIAGNOSTICS_ATTR)
+    assert check_schedule(ours) == {10: 1, 11: 1}
+    (release,) = [n for n in ours.nodes if n.target is RELEASE and n.args[2] == 10]
+    assert release.args[0].target is operator.getitem and release.args[0].args[0].target is aten.max.dim
     for w, o in zip(_run(original, args), _run(GraphModule(torch.nn.Module(), ours), args), strict=True):
         torch.testing.assert_close(o, w, rtol=0, atol=0)
 
