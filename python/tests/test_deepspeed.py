@@ -15,7 +15,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.fx
 from torch.fx import Graph, GraphModule, Node
 
 import deepspeed.compile.util as ds_util
@@ -466,4 +465,12 @@ def test_a_gather_of_a_computed_value_is_named_in_the_error():
     for n in (neg, gather, wait):
         n.meta["val"] = torch.empty(4, 4)
     with pytest.raises(zerosched.ZeroschedError, match=f"node `{gather.name}`: gathers `{neg.name}`"):
+        zds.schedule_graph(g)
+
+
+def test_a_parameter_gathered_twice_is_named_in_the_error():
+    g, _, _ = _insert("param_as_kwarg")
+    second = next(n for n in g.nodes if n.target is GATHER and n.args[2] == 11)
+    second.args = (second.args[0], 0, 10)
+    with pytest.raises(zerosched.ZeroschedError, match=f"node `{second.name}`: ds_id 10 is gathered twice"):
         zds.schedule_graph(g)

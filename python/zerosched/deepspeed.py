@@ -25,7 +25,6 @@ import json
 from typing import Any
 
 import torch
-import torch.fx
 from torch.fx import Graph, Node
 
 from . import export
