@@ -5,12 +5,12 @@
 //! hostile file gives an error, never a panic or a huge allocation.
 
 use crate::{
-    Arg, Diagnostics, Form, Grad, Graph, GraphKind, ImportError, Location, Meta, Node, NodeId, Op,
-    Param, Problem, Program,
+    Arg, Diagnostics, Dtype, Form, Grad, Graph, GraphKind, ImportError, Location, Meta, Node,
+    NodeId, Op, Param, Problem, Program, SymInt, TensorMeta, Val,
 };
-use bincode::de::Decoder;
+use bincode::de::{BorrowDecoder, Decoder};
 use bincode::error::DecodeError;
-use bincode::{Decode, Encode};
+use bincode::{BorrowDecode, Decode, Encode};
 use std::collections::BTreeMap;
 
 /// `ZSGRAPH` and a byte that no text encoding of JSON starts with.
@@ -75,7 +75,7 @@ pub fn import(bytes: &[u8]) -> Result<Program, ImportError> {
     // The fast path decodes straight into the IR and gives up on any problem; the careful
     // path then decodes again and reports it as it always has.
     if let Ok((FastProgram(program), used)) =
-        bincode::decode_from_slice_with_context(payload, config(), payload.len())
+        bincode::borrow_decode_from_slice_with_context(payload, config(), payload.len())
     {
         if used == payload.len() {
             crate::verify::program(&program)?;
@@ -215,8 +215,10 @@ fn decode_len<D: Decoder>(d: &mut D) -> Result<usize, DecodeError> {
     usize::try_from(len).map_err(|_| DecodeError::OutsideUsizeRange(len))
 }
 
-impl Decode<usize> for FastProgram {
-    fn decode<D: Decoder<Context = usize>>(d: &mut D) -> Result<Self, DecodeError> {
+impl<'de> BorrowDecode<'de, usize> for FastProgram {
+    fn borrow_decode<D: BorrowDecoder<'de, Context = usize>>(
+        d: &mut D,
+    ) -> Result<Self, DecodeError> {
         let bundle = bool::decode(d)?;
         let len = decode_len(d)?;
         d.claim_container_read::<BinGraph>(len)?;
@@ -230,8 +232,21 @@ impl Decode<usize> for FastProgram {
     }
 }
 
-fn decode_graph_fast<D: Decoder<Context = usize>>(d: &mut D) -> Result<Graph, DecodeError> {
-    let name = Option::<String>::decode(d)?;
+/// A `String` as bincode writes it, copied out of the input: one exact allocation, where
+/// `String::decode` zeroes a buffer first. Same claim against the limit.
+fn string<'de, D: BorrowDecoder<'de>>(d: &mut D) -> Result<String, DecodeError> {
+    Ok(<&str>::borrow_decode(d)?.to_owned())
+}
+
+/// An `Option` tag as bincode writes it.
+fn is_some<D: Decoder>(d: &mut D) -> Result<bool, DecodeError> {
+    Ok(Option::<()>::decode(d)?.is_some())
+}
+
+fn decode_graph_fast<'de, D: BorrowDecoder<'de, Context = usize>>(
+    d: &mut D,
+) -> Result<Graph, DecodeError> {
+    let name = if is_some(d)? { Some(string(d)?) } else { None };
     let kind = GraphKind::decode(d)?;
     let mut g = Graph::new(name, kind);
     let len = decode_len(d)?;
@@ -262,7 +277,7 @@ fn decode_graph_fast<D: Decoder<Context = usize>>(d: &mut D) -> Result<Graph, De
 }
 
 /// Node `pos` of its graph, as `Node<u32>` decodes, with references to earlier nodes only.
-fn decode_node<D: Decoder>(d: &mut D, pos: usize) -> Result<Node, DecodeError> {
+fn decode_node<'de, D: BorrowDecoder<'de>>(d: &mut D, pos: usize) -> Result<Node, DecodeError> {
     let mut node_ref = |d: &mut D| {
         let r = u32::decode(d)? as usize;
         if r < pos {
@@ -271,9 +286,9 @@ fn decode_node<D: Decoder>(d: &mut D, pos: usize) -> Result<Node, DecodeError> {
             Err(give_up())
         }
     };
-    let name = String::decode(d)?;
+    let name = string(d)?;
     let op = Op::decode(d)?;
-    let target = String::decode(d)?;
+    let target = string(d)?;
     let len = decode_len(d)?;
     d.claim_container_read::<Arg<u32>>(len)?;
     let mut args = Vec::with_capacity(len);
@@ -286,11 +301,11 @@ fn decode_node<D: Decoder>(d: &mut D, pos: usize) -> Result<Node, DecodeError> {
     let mut kwargs = BTreeMap::new();
     for _ in 0..len {
         d.unclaim_bytes_read(std::mem::size_of::<(String, Arg<u32>)>());
-        let key = String::decode(d)?;
+        let key = string(d)?;
         let value = crate::arg::decode_arg(d, &mut node_ref)?;
         kwargs.insert(key, value);
     }
-    let meta = Meta::decode(d)?;
+    let meta = decode_meta(d)?;
     Ok(Node {
         name,
         op,
@@ -298,5 +313,53 @@ fn decode_node<D: Decoder>(d: &mut D, pos: usize) -> Result<Node, DecodeError> {
         args,
         kwargs,
         meta,
+    })
+}
+
+/// [`Meta`] as it decodes, its tensors by [`decode_tensor`].
+fn decode_meta<'de, D: BorrowDecoder<'de>>(d: &mut D) -> Result<Meta, DecodeError> {
+    let val = if is_some(d)? {
+        Some(match u32::decode(d)? {
+            0 => Val::Tensor(decode_tensor(d)?),
+            1 => {
+                let len = decode_len(d)?;
+                d.claim_container_read::<Option<TensorMeta>>(len)?;
+                let mut items = Vec::with_capacity(len);
+                for _ in 0..len {
+                    d.unclaim_bytes_read(std::mem::size_of::<Option<TensorMeta>>());
+                    items.push(if is_some(d)? {
+                        Some(decode_tensor(d)?)
+                    } else {
+                        None
+                    });
+                }
+                Val::Tuple(items)
+            }
+            2 => Val::Sym(SymInt::decode(d)?),
+            3 => Val::Int(i64::decode(d)?),
+            4 => Val::Float(f64::decode(d)?),
+            5 => Val::Bool(bool::decode(d)?),
+            _ => return Err(give_up()),
+        })
+    } else {
+        None
+    };
+    Ok(Meta {
+        val,
+        aliases: Decode::decode(d)?,
+        mutates: Decode::decode(d)?,
+        device_time_ms: Decode::decode(d)?,
+    })
+}
+
+/// [`TensorMeta`] as it decodes, its device string copied out of the input.
+fn decode_tensor<'de, D: BorrowDecoder<'de>>(d: &mut D) -> Result<TensorMeta, DecodeError> {
+    Ok(TensorMeta {
+        shape: Decode::decode(d)?,
+        dtype: Dtype::decode(d)?,
+        stride: Decode::decode(d)?,
+        storage_offset: Decode::decode(d)?,
+        device: if is_some(d)? { Some(string(d)?) } else { None },
+        requires_grad: Decode::decode(d)?,
     })
 }

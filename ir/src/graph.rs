@@ -1,12 +1,12 @@
 //! One FX graph: nodes in a petgraph `StableGraph`, an explicit program order, parameters and
 //! the gradient map.
 
+use crate::names::Names;
 use crate::{Dim, Dtype, Node, Op, Problem};
 use bincode::{Decode, Encode};
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::{EdgeRef, NodeIndexable};
-use std::collections::HashMap;
 
 /// A node handle. Only a [`Graph`] hands them out, so a `NodeId` from a graph is valid in it
 /// until that node is removed.
@@ -96,7 +96,7 @@ pub struct Graph {
     pub kind: GraphKind,
     dag: StableDiGraph<Node, (), u32>,
     order: Vec<NodeId>,
-    names: HashMap<String, NodeId>,
+    names: Names,
     pub params: Vec<Param>,
     pub grads: Vec<Grad>,
 }
@@ -118,12 +118,10 @@ impl Graph {
     /// Adds a node without placing it in the program order (see [`Graph::set_order`]).
     pub fn add(&mut self, node: Node) -> Result<NodeId, Problem> {
         // One hash of the name for both the check and the insertion.
-        let slot = match self.names.entry(node.name.clone()) {
-            std::collections::hash_map::Entry::Occupied(_) => {
-                return Err(Problem::NameTaken { name: node.name });
-            }
-            std::collections::hash_map::Entry::Vacant(slot) => slot,
-        };
+        let hash = self.names.hash(&node.name);
+        if self.names.find(hash, &node.name, &self.dag).is_some() {
+            return Err(Problem::NameTaken { name: node.name });
+        }
         let mut bad = None;
         node.for_each_ref(|r| {
             if bad.is_none() && !self.dag.contains_node(*r) {
@@ -134,7 +132,7 @@ impl Graph {
             return Err(Problem::DanglingRef { index });
         }
         let id = self.dag.add_node(node);
-        slot.insert(id);
+        self.names.insert(hash, id, &self.dag);
         // Edges from the node's own arguments, without collecting them first: lend the
         // arguments out of the graph while the edges go in.
         let args = std::mem::take(&mut self.dag[id].args);
@@ -247,7 +245,7 @@ impl Graph {
             .dag
             .remove_node(id)
             .ok_or(Problem::DanglingRef { index: id.index() })?;
-        self.names.remove(&node.name);
+        self.names.remove(&node.name, id);
         self.order.retain(|&n| n != id);
         Ok(node)
     }
@@ -265,7 +263,7 @@ impl Graph {
         }
         for &id in ids {
             if let Some(node) = self.dag.remove_node(id) {
-                self.names.remove(&node.name);
+                self.names.remove(&node.name, id);
             }
         }
         self.order.retain(|&n| self.dag.contains_node(n));
@@ -291,17 +289,17 @@ impl Graph {
     }
 
     pub fn node_by_name(&self, name: &str) -> Option<NodeId> {
-        self.names.get(name).copied()
+        self.names.get(name, &self.dag)
     }
 
     /// `base` if no node has that name, else the first free `base_N`.
     pub fn fresh_name(&self, base: &str) -> String {
-        if !self.names.contains_key(base) {
+        if self.node_by_name(base).is_none() {
             return base.to_owned();
         }
         (1u64..)
             .map(|i| format!("{base}_{i}"))
-            .find(|n| !self.names.contains_key(n))
+            .find(|n| self.node_by_name(n).is_none())
             .unwrap_or_default()
     }
 
@@ -348,7 +346,7 @@ impl Graph {
         self.dag.reserve_nodes(nodes);
         self.dag.reserve_edges(edges);
         self.order.reserve(nodes);
-        self.names.reserve(nodes);
+        self.names.reserve(nodes, &self.dag);
     }
 
     /// Distinct consumers of a node, by ascending index (deterministic, not program order).

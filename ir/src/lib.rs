@@ -16,6 +16,7 @@ pub mod diag;
 pub mod dtype;
 pub mod graph;
 pub mod json;
+mod names;
 pub mod node;
 pub mod program;
 pub mod side_table;

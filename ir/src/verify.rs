@@ -46,6 +46,7 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
     let pos = g.positions();
     let mut outputs = 0usize;
     let mut forward_refs = false;
+    let mut refs: Vec<NodeId> = Vec::new();
     for (here, (id, n)) in g.nodes().enumerate() {
         if n.op == Op::Output {
             outputs += 1;
@@ -64,7 +65,6 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
                 n.kwargs.keys().nth(k).map_or("", |k| k.as_str())
             ),
         };
-        let mut refs: Vec<NodeId> = Vec::new();
         for (fi, a) in n.args.iter().chain(n.kwargs.values()).enumerate() {
             let depth = a.depth();
             if depth > crate::arg::MAX_DEPTH {

@@ -22,7 +22,10 @@ use std::fmt;
 
 /// The document, or `None` if the careful path must decide.
 pub(super) fn import(bytes: &[u8]) -> Option<Program> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
+    // One UTF-8 check of the whole text is far cheaper than serde_json's check of every
+    // string read from a byte slice; invalid text is the careful path's to report.
+    let text = std::str::from_utf8(bytes).ok()?;
+    let mut de = serde_json::Deserializer::from_str(text);
     let program = DocSeed.deserialize(&mut de).ok()?;
     de.end().ok()?;
     Some(program)
