@@ -1,0 +1,78 @@
+"""Training runs executed on every rank of a gloo process group (see ranks.py).
+
+Each rank trains a sharded model through ``zerosched.backend`` on its slice of the batch; the
+reference is the same model, unsharded and eager, on the whole batch (the mean over ranks of
+equal-size slices is the whole batch's mean loss, and the averaged gradients its gradient).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import zerosched
+from zerosched import models, runtime
+
+STEPS = 5
+LR = 0.05
+
+SPECS = {
+    "llama": models.ModelSpec(model="llama"),
+    # float32 experts: transformers' batched_mm (index + bmm); grouped_mm has bfloat16-only fake kernels.
+    "qwen2-moe": models.ModelSpec(model="qwen2-moe", experts_impl="batched_mm"),
+    "gpt2": models.ModelSpec(model="gpt2"),
+}
+
+
+def batches(spec: models.ModelSpec, world: int, steps: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    return [torch.randint(0, spec.vocab, (world * spec.batch, spec.seq), generator=g) for _ in range(steps)]
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+def train(name: str, inner: str, budget: int, steps: int = STEPS) -> dict:
+    """Trains ``name`` through the backend and its reference side by side; returns what the test
+    asserts on."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    spec = SPECS[name]
+    ref, _ = models.build(spec)
+    model, _ = models.build(spec)
+    sharded = zerosched.shard(model)
+    opt = torch.optim.SGD(sharded.parameters(), lr=LR)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=LR)
+    torch._dynamo.reset()
+    runtime.RUNTIME.peak_gathered_bytes = 0
+    compiled = torch.compile(model, backend=zerosched.backend(budget=budget, inner=inner, debug=True))
+    out: dict = {"loss": [], "ref_loss": [], "gathered_between": [], "bytes_between": [], "model_grads": []}
+    b = spec.batch
+    try:
+        for ids in batches(spec, world, steps):
+            mine = ids[rank * b : (rank + 1) * b]
+            loss = compiled(input_ids=mine, labels=mine).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            out["loss"].append(mean.item() / world)
+
+            ref_loss = ref(input_ids=ids, labels=ids).loss
+            ref_loss.backward()
+            opt_ref.step()
+            opt_ref.zero_grad()
+            out["ref_loss"].append(ref_loss.item())
+
+            out["gathered_between"].append(sharded.gathered())
+            out["bytes_between"].append(runtime.RUNTIME.gathered_bytes)
+            out["model_grads"].append([e.name for e in sharded.entries if e.param.grad is not None])
+        full = sharded.full_parameters()
+        out["param_err"] = {n: _rel_err(full[n], p.detach()) for n, p in ref.named_parameters()}
+        out["peak"] = runtime.RUNTIME.peak_gathered_bytes
+        out["params"] = len(sharded.entries)
+    finally:
+        sharded.close()
+        torch._dynamo.reset()
+    return out
