@@ -40,6 +40,7 @@ def train(name: str, inner: str, budget: int, steps: int = STEPS) -> dict:
     spec = SPECS[name]
     ref, _ = models.build(spec)
     model, _ = models.build(spec)
+    initial = {n: p.detach().clone() for n, p in ref.named_parameters()}
     sharded = zerosched.shard(model)
     opt = torch.optim.SGD(sharded.parameters(), lr=LR)
     opt_ref = torch.optim.SGD(ref.parameters(), lr=LR)
@@ -70,6 +71,7 @@ def train(name: str, inner: str, budget: int, steps: int = STEPS) -> dict:
             out["model_grads"].append([e.name for e in sharded.entries if e.param.grad is not None])
         full = sharded.full_parameters()
         out["param_err"] = {n: _rel_err(full[n], p.detach()) for n, p in ref.named_parameters()}
+        out["moved"] = min(_rel_err(p.detach(), initial[n]) for n, p in ref.named_parameters())
         out["peak"] = runtime.RUNTIME.peak_gathered_bytes
         out["params"] = len(sharded.entries)
     finally:

@@ -87,12 +87,22 @@ def backend(budget: int | str | None = None, scheduler: str = "prefetch", inner:
             fw_compiler=fw,
             bw_compiler=bw,
             inference_compiler=lambda gm, ex: fw(gm, ex, "inference"),
-            decompositions=export.default_decompositions(),
+            decompositions=_decompositions(inner),
             partition_fn=min_cut_rematerialization_partition,
             keep_inference_input_mutations=True,
         )(dyn_gm, example_inputs)
 
     return compile_dynamo_graph
+
+
+def _decompositions(inner: str) -> dict:
+    """Inductor lowers the graphs it is given only after its own decompositions; the eager
+    inner compiler gets the exporter's (core ATen)."""
+    if inner == "inductor":
+        from torch._inductor.decomposition import select_decomp_table
+
+        return select_decomp_table()
+    return export.default_decompositions()
 
 
 def _entries(dyn_gm: torch.fx.GraphModule, example_inputs: list) -> list[runtime.ShardedParam | None]:

@@ -59,14 +59,31 @@ def _decode(a: Any, orig: Any, env: dict[str, torch.fx.Node], where: str) -> Any
     raise ZeroschedError(f"{where}: argument {a!r} of a new node cannot be decoded")
 
 
-def _first_tensor(node: torch.fx.Node, g: torch.fx.Graph) -> torch.fx.Node:
+class _Graph:
+    """The graph being built; nodes of the document keep their names, nodes only the rebuild
+    adds get names the document does not use."""
+
+    def __init__(self, doc_names: set[str]) -> None:
+        self.g = torch.fx.Graph()
+        self.doc_names = doc_names
+        self.fresh = 0
+
+    def call(self, target: Any, args: tuple, kwargs: dict | None = None, name: str | None = None) -> torch.fx.Node:
+        if name is None:
+            while f"zs_{self.fresh}" in self.doc_names:
+                self.fresh += 1
+            name, self.fresh = f"zs_{self.fresh}", self.fresh + 1
+        return self.g.create_node("call_function", target, args, kwargs or {}, name=name)
+
+
+def _first_tensor(node: torch.fx.Node, g: _Graph) -> torch.fx.Node:
     """``node`` itself, or a getitem of its first tensor if it returns several values (a
     release's ``after`` list holds tensors)."""
     val = node.meta.get("val")
     if isinstance(val, (list, tuple)):
         for i, v in enumerate(val):
             if isinstance(v, torch.Tensor):
-                return g.call_function(operator.getitem, (node, i))
+                return g.call(operator.getitem, (node, i))
         raise ZeroschedError(f"node `{node.name}` is a use of gathered storage but returns no tensor")
     return node
 
@@ -97,12 +114,12 @@ def rebuild(gm: torch.fx.GraphModule, doc: dict, drop_outputs: Sequence[int] = (
     whose reduced values the runtime has already put into the shards' ``.grad``)."""
     label = doc.get("name", "<graph>")
     orig = {n.name: n for n in gm.graph.nodes}
-    g = torch.fx.Graph()
+    g = _Graph({d["name"] for d in doc["nodes"]})
     env: dict[str, torch.fx.Node] = {}
     # The calling convention is positional: placeholders in the original order.
     for n in gm.graph.nodes:
         if n.op == "placeholder":
-            env[n.name] = g.placeholder(n.name)
+            env[n.name] = g.g.placeholder(n.name)
             env[n.name].meta = dict(n.meta)
     placeholders = {n.name for n in gm.graph.nodes if n.op == "placeholder"}
     buckets = _bucket_runs(doc["nodes"])
@@ -122,7 +139,7 @@ def rebuild(gm: torch.fx.GraphModule, doc: dict, drop_outputs: Sequence[int] = (
             outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
             for i in drop_outputs:
                 outs[i] = None
-            g.output(tuple(outs))
+            g.g.output(tuple(outs))
             continue
         if op != "call_function":
             raise ZeroschedError(f"{where}: op `{op}` cannot appear in a scheduled graph")
@@ -133,11 +150,10 @@ def rebuild(gm: torch.fx.GraphModule, doc: dict, drop_outputs: Sequence[int] = (
             if len(dtypes) != 1:
                 raise ZeroschedError(f"{where}: the gathers of bucket {kwargs['bucket']} differ in dtype")
             dt = _decode(members[0].get("kwargs", {}).get("dtype"), None, env, where)
-            call = g.call_function(ops.allgather_bucket, ([_decode(m["args"][0], None, env, where) for m in members],),
-                                   {"params": [m["kwargs"]["param"] for m in members], "dtype": dt})
+            call = g.call(ops.allgather_bucket, ([_decode(m["args"][0], None, env, where) for m in members],),
+                          {"params": [m["kwargs"]["param"] for m in members], "dtype": dt})
             for k, m in enumerate(members):
-                env[m["name"]] = g.call_function(operator.getitem, (call, k))
-                env[m["name"]].name = m["name"]
+                env[m["name"]] = g.call(operator.getitem, (call, k), name=m["name"])
                 in_bucket.add(m["name"])
             continue
         if target.startswith(_ZS):
@@ -147,34 +163,33 @@ def rebuild(gm: torch.fx.GraphModule, doc: dict, drop_outputs: Sequence[int] = (
             if o is not None and o.op == "call_function":
                 args = _decode(d["args"], o.args, env, where)
                 kw = {k: _decode(v, o.kwargs.get(k), env, where) for k, v in kwargs.items()}
-                node = g.call_function(o.target, tuple(args), kw)
+                node = g.call(o.target, tuple(args), kw, name=name)
                 node.meta = dict(o.meta)
             else:
                 args = _decode(d["args"], None, env, where)
                 kw = {k: _decode(v, None, env, where) for k, v in kwargs.items()}
-                node = g.call_function(_target(target, where), tuple(args), kw)
-        node.name = name
+                node = g.call(_target(target, where), tuple(args), kw, name=name)
         env[name] = node
-    g.lint()
-    return torch.fx.GraphModule(gm, g, class_name=type(gm).__name__)
+    g.g.lint()
+    return torch.fx.GraphModule(gm, g.g, class_name=type(gm).__name__)
 
 
-def _zerosched_node(g: torch.fx.Graph, d: dict, env: dict[str, torch.fx.Node], where: str) -> torch.fx.Node:
-    target, kwargs = d["target"], d.get("kwargs", {})
+def _zerosched_node(g: _Graph, d: dict, env: dict[str, torch.fx.Node], where: str) -> torch.fx.Node:
+    target, kwargs, name = d["target"], d.get("kwargs", {}), d["name"]
     args = [_decode(a, None, env, where) for a in d["args"]]
     param = kwargs.get("param")
     if target == _ZS + "allgather.default":
-        return g.call_function(ops.allgather, (args[0],),
-                               {"param": param, "dtype": _decode(kwargs.get("dtype"), None, env, where)})
+        return g.call(ops.allgather, (args[0],), {"param": param, "dtype": _decode(kwargs.get("dtype"), None, env, where)},
+                      name)
     if target == _ZS + "wait.default":
-        return g.call_function(ops.wait, (args[0],), {"param": param})
+        return g.call(ops.wait, (args[0],), {"param": param}, name)
     if target == _ZS + "release.default":
         after = [_first_tensor(env[a["node"]], g) for a in kwargs.get("after", [])]
-        return g.call_function(ops.release, (args[0],), {"param": param, "after": after})
+        return g.call(ops.release, (args[0],), {"param": param, "after": after}, name)
     if target == _ZS + "reduce_grad.default":
-        return g.call_function(ops.reduce_grad, (args[0],), {"param": param, "sharded": bool(kwargs["sharded"])})
+        return g.call(ops.reduce_grad, (args[0],), {"param": param, "sharded": bool(kwargs["sharded"])}, name)
     if target == _ZS + "end_backward.default":
-        return g.call_function(ops.end_backward, (args[0],))
+        return g.call(ops.end_backward, (args[0],), {}, name)
     # keep/reuse carry a parameter from the forward into the backward; the backend schedules
     # each graph on its own, so they never occur.
     raise ZeroschedError(f"{where}: `{target}` is not supported by the torch.compile backend")
