@@ -6,20 +6,12 @@ from __future__ import annotations
 import pytest
 
 import train_cases
-from ranks import Ranks
 
 # float32 throughout.  Sharded training reduces gradients in another order than the reference
 # (two half batches, then an average), which moves the last bits; 1e-5 of the largest value of
 # each parameter after five steps leaves two orders of magnitude over what we observe.
 RTOL = 1e-5
 BUDGET = 256 * 1024  # bytes of gathered parameters per graph; the largest parameter is 64 KiB
-
-
-@pytest.fixture(scope="module")
-def ranks():
-    r = Ranks(2)
-    yield r
-    r.close()
 
 
 CASES = [("llama", "eager"), ("qwen2-moe", "eager"), ("gpt2", "eager"), ("llama", "inductor")]

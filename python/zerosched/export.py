@@ -29,6 +29,8 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.fx
 
+from zerosched._core import ZeroschedError
+
 FORMAT = "fx-graph"
 PROGRAM_FORMAT = "fx-program"
 VERSION = 1
@@ -36,7 +38,7 @@ VERSION = 1
 GZIP_THRESHOLD = 1_000_000
 
 
-class ExportError(Exception):
+class ExportError(ZeroschedError):
     """A graph (or a model) that fx-graph v1 cannot represent; the message names the node."""
 
 

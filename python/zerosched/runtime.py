@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import weakref
 from typing import Iterator
 
 import torch
@@ -61,7 +60,6 @@ class Runtime:
 
     def __init__(self) -> None:
         self.params: dict[str, ShardedParam] = {}
-        self.models: dict[str, weakref.ref] = {}  # parameter name -> the ShardedModel owning it
         self.gathers: dict[str, tuple[dist.Work | None, torch.Tensor]] = {}  # in flight, per parameter
         self.reductions: list[tuple[dist.Work | None, ShardedParam, torch.Tensor]] = []
         self.gathered_bytes = 0  # gathered by compiled graphs and not yet released
@@ -69,6 +67,7 @@ class Runtime:
         self.live: dict[int, tuple[str, int]] = {}  # data_ptr of a gathered buffer -> (name, bytes)
         self.fallback: set[str] = set()  # gathered eagerly by the fallback, awaiting their backward
         self.fallback_gathers = 0
+        self.shard_calls = 0
 
     def entry(self, name: str) -> ShardedParam:
         try:
@@ -90,10 +89,10 @@ RUNTIME = Runtime()
 class ShardedModel:
     """What :func:`shard` returns: the model's shards for the optimizer and checks on the runtime."""
 
-    def __init__(self, model: torch.nn.Module, entries: list[ShardedParam], hooks: list) -> None:
+    def __init__(self, model: torch.nn.Module, entries: list[ShardedParam]) -> None:
         self.model = model
         self.entries = entries
-        self._hooks = hooks
+        self._hooks: list = []
 
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         """The tensors an optimizer steps: each parameter's shard (or the parameter, if persistent)."""
@@ -112,14 +111,24 @@ class ShardedModel:
             if not e.persistent and (e.param.untyped_storage().nbytes() > 0 or e.name in held)
         ]
 
-    def close(self) -> None:
-        """Unregisters the model's parameters (the model cannot run afterwards)."""
+    def remove_fallback(self) -> None:
+        """Removes the eager fallback's hooks: code that torch.compile skips then reads freed
+        parameters and fails."""
         for h in self._hooks:
             h.remove()
+        self._hooks = []
+
+    def close(self) -> None:
+        """Unregisters the model's parameters (the model cannot run afterwards)."""
+        self.remove_fallback()
+        names = {e.name for e in self.entries}
         for e in self.entries:
             RUNTIME.params.pop(e.name, None)
-            RUNTIME.models.pop(e.name, None)
             RUNTIME.fallback.discard(e.name)
+            RUNTIME.gathers.pop(e.name, None)
+        for ptr in [p for p, (n, _) in RUNTIME.live.items() if n in names]:
+            RUNTIME.gathered_bytes -= RUNTIME.live.pop(ptr)[1]
+        RUNTIME.reductions = [r for r in RUNTIME.reductions if r[1].name not in names]
 
 
 def shard(model: torch.nn.Module, group: dist.ProcessGroup | None = None,
@@ -136,19 +145,22 @@ def shard(model: torch.nn.Module, group: dist.ProcessGroup | None = None,
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     if world < 1 or rank < 0:
         raise ZeroschedError("zerosched.shard: this process is not a member of the group")
-    entries: list[ShardedParam] = []
+    named: list[tuple[str, torch.nn.Parameter]] = []
     seen: set[int] = set()
     for name, p in model.named_parameters():
         if id(p) in seen:
             continue
         seen.add(id(p))
-        if name in RUNTIME.params and RUNTIME.models[name]() is not None:
-            raise ZeroschedError(
-                f"zerosched.shard: parameter `{name}` is already sharded (a second model with the same "
-                "parameter names: close() the first)"
-            )
         if getattr(p, "_zerosched_sharded", False):
             raise ZeroschedError(f"zerosched.shard: parameter `{name}` is already sharded")
+        named.append((name, p))
+    # Names are the runtime's keys.  A model whose names another live sharded model already
+    # uses gets a prefix from the number of shard() calls, the same on every rank.
+    RUNTIME.shard_calls += 1
+    if any(n in RUNTIME.params for n, _ in named):
+        named = [(f"m{RUNTIME.shard_calls}.{n}", p) for n, p in named]
+    entries: list[ShardedParam] = []
+    for name, p in named:
         persistent = p.numel() <= persistence_threshold
         e = ShardedParam(name, p, p, persistent, group, world, rank)
         if not persistent:
@@ -158,12 +170,11 @@ def shard(model: torch.nn.Module, group: dist.ProcessGroup | None = None,
                                          requires_grad=p.requires_grad)
             p.data = torch.empty(p.shape, dtype=p.dtype, device=p.device)
             p.untyped_storage().resize_(0)
-            p._zerosched_sharded = True
+        p._zerosched_sharded = True
         entries.append(e)
-    handle = ShardedModel(model, entries, [])
+    handle = ShardedModel(model, entries)
     for e in entries:
         RUNTIME.params[e.name] = e
-        RUNTIME.models[e.name] = weakref.ref(handle)
     handle._hooks = _install_fallback(model, entries)
     return handle
 
