@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 import zerosched
+from train_cases import mean_over_ranks, rel_err, step
 from zerosched import runtime
 
 STEPS = 5
@@ -65,23 +66,12 @@ def train(with_fallback: bool) -> dict:
             mine = slice(rank * 4, (rank + 1) * 4)
             loss = torch.nn.functional.mse_loss(compiled(x[mine]), y[mine])
             out["tracked_after_forward"].append(sorted(runtime.RUNTIME.fallback))
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            mean = loss.detach().clone()
-            dist.all_reduce(mean)
-            out["loss"].append(mean.item() / world)
-            ref_loss = torch.nn.functional.mse_loss(ref(x), y)
-            ref_loss.backward()
-            opt_ref.step()
-            opt_ref.zero_grad()
-            out["ref_loss"].append(ref_loss.item())
+            out["loss"].append(mean_over_ranks(step(loss, opt)))
+            out["ref_loss"].append(step(torch.nn.functional.mse_loss(ref(x), y), opt_ref))
             out["gathered_between"].append(sharded.gathered())
             out["tracked_between"].append(sorted(runtime.RUNTIME.fallback))
         full = sharded.full_parameters()
-        out["param_err"] = {
-            n: float((full[n] - p.detach()).abs().max() / p.detach().abs().max()) for n, p in ref.named_parameters()
-        }
+        out["param_err"] = {n: rel_err(full[n], p.detach()) for n, p in ref.named_parameters()}
         out["fallback_gathers"] = runtime.RUNTIME.fallback_gathers - gathers0
     finally:
         sharded.close()

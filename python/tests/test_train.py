@@ -24,7 +24,7 @@ def test_training_matches_the_unsharded_eager_run(ranks, model, inner):
     assert len(r0["loss"]) == train_cases.STEPS
     for step, (got, want) in enumerate(zip(r0["loss"], r0["ref_loss"])):
         assert got == pytest.approx(want, rel=RTOL), f"step {step}: loss {got} != reference {want}"
-    assert r0["moved"] > 100 * RTOL, "training must move every parameter for the comparison to mean anything"
+    assert r0["moved"] > 10 * RTOL, "every parameter must move well beyond the tolerance for the comparison to mean anything"
     for r in (r0, r1):
         worst = max(r["param_err"].items(), key=lambda kv: kv[1])
         assert worst[1] <= RTOL, f"parameter {worst[0]} differs from the reference by {worst[1]:.2e}"

@@ -14,7 +14,7 @@ import zerosched
 from zerosched import models, runtime
 
 STEPS = 5
-LR = 0.05
+LR = 0.2
 
 SPECS = {
     "llama": models.ModelSpec(model="llama"),
@@ -29,8 +29,23 @@ def batches(spec: models.ModelSpec, world: int, steps: int) -> list[torch.Tensor
     return [torch.randint(0, spec.vocab, (world * spec.batch, spec.seq), generator=g) for _ in range(steps)]
 
 
-def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest difference relative to the largest magnitude of ``b``."""
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+def step(loss: torch.Tensor, opt: torch.optim.Optimizer) -> float:
+    """Backward and one optimizer step; returns the loss."""
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.item()
+
+
+def mean_over_ranks(x: float) -> float:
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
 
 
 def train(name: str, inner: str, budget: int, steps: int = STEPS) -> dict:
@@ -52,26 +67,15 @@ def train(name: str, inner: str, budget: int, steps: int = STEPS) -> dict:
     try:
         for ids in batches(spec, world, steps):
             mine = ids[rank * b : (rank + 1) * b]
-            loss = compiled(input_ids=mine, labels=mine).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            mean = loss.detach().clone()
-            dist.all_reduce(mean)
-            out["loss"].append(mean.item() / world)
-
-            ref_loss = ref(input_ids=ids, labels=ids).loss
-            ref_loss.backward()
-            opt_ref.step()
-            opt_ref.zero_grad()
-            out["ref_loss"].append(ref_loss.item())
+            out["loss"].append(mean_over_ranks(step(compiled(input_ids=mine, labels=mine).loss, opt)))
+            out["ref_loss"].append(step(ref(input_ids=ids, labels=ids).loss, opt_ref))
 
             out["gathered_between"].append(sharded.gathered())
             out["bytes_between"].append(runtime.RUNTIME.gathered_bytes)
             out["model_grads"].append([e.name for e in sharded.entries if e.param.grad is not None])
         full = sharded.full_parameters()
-        out["param_err"] = {n: _rel_err(full[n], p.detach()) for n, p in ref.named_parameters()}
-        out["moved"] = min(_rel_err(p.detach(), initial[n]) for n, p in ref.named_parameters())
+        out["param_err"] = {n: rel_err(full[n], p.detach()) for n, p in ref.named_parameters()}
+        out["moved"] = min(rel_err(p.detach(), initial[n]) for n, p in ref.named_parameters())
         out["peak"] = runtime.RUNTIME.peak_gathered_bytes
         out["params"] = len(sharded.entries)
     finally:
