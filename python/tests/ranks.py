@@ -1,4 +1,5 @@
-"""A pool of processes joined in one gloo process group, reused across test cases.
+"""A pool of processes joined in one process group (gloo, or NCCL with a GPU each), reused
+across test cases.
 
 ``Ranks.run(fn, *args)`` runs the module-level function ``fn`` on every rank and returns the
 results in rank order; an exception on any rank is raised here with that rank's traceback.
@@ -16,12 +17,14 @@ import torch.multiprocessing as mp
 TIMEOUT_S = 600
 
 
-def _worker(rank: int, world: int, store: str, jobs, results) -> None:
+def _worker(rank: int, world: int, backend: str, store: str, jobs, results) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # two ranks share a small machine
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
     while True:
         job = jobs.get()
         if job is None:
@@ -35,7 +38,7 @@ def _worker(rank: int, world: int, store: str, jobs, results) -> None:
 
 
 class Ranks:
-    def __init__(self, world: int = 2) -> None:
+    def __init__(self, world: int = 2, backend: str = "gloo") -> None:
         ctx = mp.get_context("spawn")
         fd, self.store = tempfile.mkstemp(prefix="zerosched-store-")
         os.close(fd)
@@ -44,7 +47,7 @@ class Ranks:
         self.jobs = [ctx.Queue() for _ in range(world)]
         self.results = ctx.Queue()
         self.procs = [
-            ctx.Process(target=_worker, args=(r, world, self.store, self.jobs[r], self.results), daemon=True)
+            ctx.Process(target=_worker, args=(r, world, backend, self.store, self.jobs[r], self.results), daemon=True)
             for r in range(world)
         ]
         for p in self.procs:

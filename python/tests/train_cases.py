@@ -48,13 +48,13 @@ def mean_over_ranks(x: float) -> float:
     return t.item() / dist.get_world_size()
 
 
-def train(name: str, inner: str, budget: int, steps: int = STEPS) -> dict:
+def train(name: str, inner: str, budget: int, steps: int = STEPS, device: str = "cpu") -> dict:
     """Trains ``name`` through the backend and its reference side by side; returns what the test
     asserts on."""
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = SPECS[name]
-    ref, _ = models.build(spec)
-    model, _ = models.build(spec)
+    ref = models.build(spec)[0].to(device)
+    model = models.build(spec)[0].to(device)
     initial = {n: p.detach().clone() for n, p in ref.named_parameters()}
     sharded = zerosched.shard(model)
     opt = torch.optim.SGD(sharded.parameters(), lr=LR)
@@ -66,6 +66,7 @@ def train(name: str, inner: str, budget: int, steps: int = STEPS) -> dict:
     b = spec.batch
     try:
         for ids in batches(spec, world, steps):
+            ids = ids.to(device)
             mine = ids[rank * b : (rank + 1) * b]
             out["loss"].append(mean_over_ranks(step(compiled(input_ids=mine, labels=mine).loss, opt)))
             out["ref_loss"].append(step(ref(input_ids=ids, labels=ids).loss, opt_ref))

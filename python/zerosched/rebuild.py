@@ -9,6 +9,7 @@ A run of gathers of one bucket becomes one ``zerosched.allgather_bucket``.
 
 from __future__ import annotations
 
+import json
 import operator
 from typing import Any, Sequence
 
@@ -32,6 +33,21 @@ def _target(name: str, where: str) -> Any:
         except AttributeError:
             pass
     raise ZeroschedError(f"{where}: target `{name}` is not an operator zerosched can run")
+
+
+def _as_permute(target: str, args: list, d: dict) -> tuple[str, list]:
+    """``t`` and ``transpose`` the rewrite stage adds, as ``permute``: Inductor decomposes them
+    before lowering and refuses them in the graphs it lowers."""
+    val = d.get("meta", {}).get("val")
+    rank = len(val["shape"]) if isinstance(val, dict) and "shape" in val else None
+    if target == "aten.t.default" and rank == 2:
+        return "aten.permute.default", [args[0], [1, 0]]
+    if target == "aten.transpose.int" and rank and len(args) == 3:
+        dims = list(range(rank))
+        i, j = args[1] % rank, args[2] % rank
+        dims[i], dims[j] = dims[j], dims[i]
+        return "aten.permute.default", [args[0], dims]
+    return target, args
 
 
 def _decode(a: Any, orig: Any, env: dict[str, torch.fx.Node], where: str) -> Any:
@@ -145,9 +161,7 @@ def rebuild(gm: torch.fx.GraphModule, doc: dict, drop_outputs: Sequence[int] = (
             raise ZeroschedError(f"{where}: op `{op}` cannot appear in a scheduled graph")
         if name in buckets and len(buckets[name]) > 1:
             members = buckets[name]
-            dtypes = {m.get("kwargs", {}).get("dtype", {}).get("dtype") if m.get("kwargs", {}).get("dtype") else None
-                      for m in members}
-            if len(dtypes) != 1:
+            if len({json.dumps(m.get("kwargs", {}).get("dtype")) for m in members}) != 1:
                 raise ZeroschedError(f"{where}: the gathers of bucket {kwargs['bucket']} differ in dtype")
             dt = _decode(members[0].get("kwargs", {}).get("dtype"), None, env, where)
             call = g.call(ops.allgather_bucket, ([_decode(m["args"][0], None, env, where) for m in members],),
@@ -168,6 +182,7 @@ def rebuild(gm: torch.fx.GraphModule, doc: dict, drop_outputs: Sequence[int] = (
             else:
                 args = _decode(d["args"], None, env, where)
                 kw = {k: _decode(v, None, env, where) for k, v in kwargs.items()}
+                target, args = _as_permute(target, args, d)
                 node = g.call(_target(target, where), tuple(args), kw, name=name)
         env[name] = node
     g.g.lint()
@@ -184,7 +199,7 @@ def _zerosched_node(g: _Graph, d: dict, env: dict[str, torch.fx.Node], where: st
     if target == _ZS + "wait.default":
         return g.call(ops.wait, (args[0],), {"param": param}, name)
     if target == _ZS + "release.default":
-        after = [_first_tensor(env[a["node"]], g) for a in kwargs.get("after", [])]
+        after = [_first_tensor(_decode(a, None, env, where), g) for a in kwargs.get("after", [])]
         return g.call(ops.release, (args[0],), {"param": param, "after": after}, name)
     if target == _ZS + "reduce_grad.default":
         return g.call(ops.reduce_grad, (args[0],), {"param": param, "sharded": bool(kwargs["sharded"])}, name)

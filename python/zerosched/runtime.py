@@ -189,14 +189,19 @@ def _comm_stream(device: torch.device) -> contextlib.AbstractContextManager:
     stream (the shard may have just been written); on the CPU there is one stream."""
     if device.type != "cuda":
         return contextlib.nullcontext()
-    stream = _SIDE_STREAMS.get(device.index)
-    if stream is None:
-        stream = _SIDE_STREAMS[device.index] = torch.cuda.Stream(device)
+    stream = _side_stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     return torch.cuda.stream(stream)
 
 
 _SIDE_STREAMS: dict[int | None, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    stream = _SIDE_STREAMS.get(device.index)
+    if stream is None:
+        stream = _SIDE_STREAMS[device.index] = torch.cuda.Stream(device)
+    return stream
 
 
 def _join(work: dist.Work | None, t: torch.Tensor) -> None:
@@ -205,7 +210,7 @@ def _join(work: dist.Work | None, t: torch.Tensor) -> None:
     if work is not None:
         work.wait()
     if t.is_cuda:
-        torch.cuda.current_stream(t.device).wait_stream(_SIDE_STREAMS[t.device.index])
+        torch.cuda.current_stream(t.device).wait_stream(_side_stream(t.device))
         t.record_stream(torch.cuda.current_stream(t.device))
 
 
@@ -243,7 +248,7 @@ def gather(names: list[str], dtype: torch.dtype | None) -> list[torch.Tensor]:
             with dist._coalescing_manager(group=group, async_ops=True) as cm:
                 for e, buf, src in pairs:
                     dist.all_gather_into_tensor(buf, src, group=group)
-            works = [cm] + [None] * (len(pairs) - 1)
+            works = [cm] * len(pairs)  # every member's wait waits for the whole bucket
     for (e, buf, _), work, out in zip(pairs, works, outs):
         RUNTIME.gathers[e.name] = (work, out)
         _count_alloc(e.name, buf, buf.numel() * buf.element_size())
@@ -251,8 +256,7 @@ def gather(names: list[str], dtype: torch.dtype | None) -> list[torch.Tensor]:
 
 
 def wait(name: str) -> None:
-    """The compute stream waits for the gather of ``name`` (a bucket's gathers share one wait,
-    performed by the first member's)."""
+    """The compute stream waits for the gather of ``name`` (or of its whole bucket)."""
     try:
         work, out = RUNTIME.gathers.pop(name)
     except KeyError:
@@ -278,6 +282,8 @@ def reduce_grad(name: str, grad: torch.Tensor, sharded: bool) -> torch.Tensor:
     if sharded == e.persistent:
         raise ZeroschedError(f"gradient of `{name}`: reduce_grad(sharded={sharded}) but the parameter is "
                              f"{'persistent' if e.persistent else 'sharded'}")
+    if grad.is_cuda:  # the side stream reads it after the graph may have dropped it
+        grad.record_stream(_side_stream(grad.device))
     with _comm_stream(grad.device):
         if sharded:
             flat = torch.zeros(e.padded, dtype=grad.dtype, device=grad.device)
