@@ -21,7 +21,8 @@ def gpu_ranks():
 
 @pytest.mark.parametrize("inner", ["eager", "inductor"])
 def test_training_on_gpus_matches_the_unsharded_eager_run(gpu_ranks, inner):
-    results = gpu_ranks.run(train_cases.train, "llama", inner, 256 * 1024, train_cases.STEPS, "cuda")
+    results = gpu_ranks.run(train_cases.train, "llama", inner, 256 * 1024, train_cases.BUCKETING_COST,
+                           train_cases.STEPS, "cuda")
     for r in results:
         for got, want in zip(r["loss"], r["ref_loss"]):
             assert got == pytest.approx(want, rel=1e-4)  # TF32 and other GPU kernels

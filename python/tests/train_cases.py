@@ -24,6 +24,17 @@ SPECS = {
 }
 
 
+#: A cost model under which the scheduler coalesces gathers into buckets at these tiny sizes:
+#: slow compute to hide behind, a large per-collective latency.
+BUCKETING_COST = {
+    "peak_flops": 1e9,
+    "peak_flops_fp32": 1e6,
+    "mem_bandwidth": 1e9,
+    "launch_ms": 1.0,
+    "collective": {"kind": "alpha_beta", "alpha_ms": 5.0, "beta_bytes_per_s": 1e9},
+}
+
+
 def batches(spec: models.ModelSpec, world: int, steps: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(1234)
     return [torch.randint(0, spec.vocab, (world * spec.batch, spec.seq), generator=g) for _ in range(steps)]
@@ -48,7 +59,8 @@ def mean_over_ranks(x: float) -> float:
     return t.item() / dist.get_world_size()
 
 
-def train(name: str, inner: str, budget: int, steps: int = STEPS, device: str = "cpu") -> dict:
+def train(name: str, inner: str, budget: int, cost: dict | None = None, steps: int = STEPS,
+          device: str = "cpu") -> dict:
     """Trains ``name`` through the backend and its reference side by side; returns what the test
     asserts on."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -61,7 +73,8 @@ def train(name: str, inner: str, budget: int, steps: int = STEPS, device: str = 
     opt_ref = torch.optim.SGD(ref.parameters(), lr=LR)
     torch._dynamo.reset()
     runtime.RUNTIME.peak_gathered_bytes = 0
-    compiled = torch.compile(model, backend=zerosched.backend(budget=budget, inner=inner, debug=True))
+    buckets0 = runtime.RUNTIME.coalesced_gathers
+    compiled = torch.compile(model, backend=zerosched.backend(budget=budget, inner=inner, cost=cost, debug=True))
     out: dict = {"loss": [], "ref_loss": [], "gathered_between": [], "bytes_between": [], "model_grads": []}
     b = spec.batch
     try:
@@ -78,6 +91,7 @@ def train(name: str, inner: str, budget: int, steps: int = STEPS, device: str = 
         out["param_err"] = {n: rel_err(full[n], p.detach()) for n, p in ref.named_parameters()}
         out["moved"] = min(rel_err(p.detach(), initial[n]) for n, p in ref.named_parameters())
         out["peak"] = runtime.RUNTIME.peak_gathered_bytes
+        out["buckets"] = runtime.RUNTIME.coalesced_gathers - buckets0
         out["params"] = len(sharded.entries)
     finally:
         sharded.close()

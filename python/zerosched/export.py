@@ -428,7 +428,9 @@ class StepParams:
         """The forward's parameters and the ``requires_grad`` of its placeholders."""
         k, ph = self.k, _placeholders(gm)
         if len(ph) != len(self.example_inputs):
-            raise ExportError(f"dynamo graph {k}: AOT forward has {len(ph)} inputs, dynamo graph {len(self.example_inputs)}")
+            raise ExportError(
+                f"dynamo graph {k}: AOT forward has {len(ph)} inputs, dynamo graph {len(self.example_inputs)}"
+            )
         self.n_primals = len(ph)
         params = []
         for n, fqn in zip(ph, self.input_fqn):

@@ -194,8 +194,8 @@ def _zerosched_node(g: _Graph, d: dict, env: dict[str, torch.fx.Node], where: st
     args = [_decode(a, None, env, where) for a in d["args"]]
     param = kwargs.get("param")
     if target == _ZS + "allgather.default":
-        return g.call(ops.allgather, (args[0],), {"param": param, "dtype": _decode(kwargs.get("dtype"), None, env, where)},
-                      name)
+        dtype = _decode(kwargs.get("dtype"), None, env, where)
+        return g.call(ops.allgather, (args[0],), {"param": param, "dtype": dtype}, name)
     if target == _ZS + "wait.default":
         return g.call(ops.wait, (args[0],), {"param": param}, name)
     if target == _ZS + "release.default":

@@ -67,6 +67,7 @@ class Runtime:
         self.live: dict[int, tuple[str, int]] = {}  # data_ptr of a gathered buffer -> (name, bytes)
         self.fallback: set[str] = set()  # gathered eagerly by the fallback, awaiting their backward
         self.fallback_gathers = 0
+        self.coalesced_gathers = 0  # buckets issued as one collective
         self.shard_calls = 0
 
     def entry(self, name: str) -> ShardedParam:
@@ -249,6 +250,7 @@ def gather(names: list[str], dtype: torch.dtype | None) -> list[torch.Tensor]:
                 for e, buf, src in pairs:
                     dist.all_gather_into_tensor(buf, src, group=group)
             works = [cm] * len(pairs)  # every member's wait waits for the whole bucket
+            RUNTIME.coalesced_gathers += 1
     for (e, buf, _), work, out in zip(pairs, works, outs):
         RUNTIME.gathers[e.name] = (work, out)
         _count_alloc(e.name, buf, buf.numel() * buf.element_size())
