@@ -47,7 +47,7 @@ def _median_step_s(step, steps: int) -> float:
 
 def _measure(name: str, args) -> dict:
     import zerosched
-    from zerosched import backend as zb
+    from zerosched import compiler as zb
     from zerosched import models
 
     spec = _spec(name, args.layers, args.hidden)
