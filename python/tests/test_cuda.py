@@ -21,7 +21,7 @@ def gpu_ranks():
 
 @pytest.mark.parametrize("inner", ["eager", "inductor"])
 def test_training_on_gpus_matches_the_unsharded_eager_run(gpu_ranks, inner):
-    results = gpu_ranks.run(train_cases.train, "llama", inner, 256 * 1024, train_cases.BUCKETING_COST,
+    results = gpu_ranks.run(train_cases.train, "llama", inner, 256 * 1024, train_cases.BUCKETING_COST, 0,
                            train_cases.STEPS, "cuda")
     for r in results:
         for got, want in zip(r["loss"], r["ref_loss"]):

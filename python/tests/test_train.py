@@ -16,20 +16,20 @@ BUDGET = 256 * 1024  # bytes of gathered parameters per graph; the largest param
 
 # Inductor compiles slowly on two cores: one model.  Two cases use a cost model under which
 # gathers are coalesced into buckets (zerosched.allgather_bucket), the others the default one.
+# GPT-2 keeps its parameters of at most 256 elements whole (biases, norms: persistent, their
+# gradients all-reduced); the others shard every parameter.
 CASES = [
-    ("llama", "eager", None),
-    ("qwen2-moe", "eager", None),
-    ("gpt2", "eager", train_cases.BUCKETING_COST),
-    ("llama", "inductor", train_cases.BUCKETING_COST),
+    ("llama", "eager", None, 0),
+    ("qwen2-moe", "eager", None, 0),
+    ("gpt2", "eager", train_cases.BUCKETING_COST, 256),
+    ("llama", "inductor", train_cases.BUCKETING_COST, 0),
 ]
+IDS = [f"{m}-{i}-{'buckets' if c else 'default'}" for m, i, c, _ in CASES]
 
 
-IDS = [f"{m}-{i}-{'buckets' if c else 'default'}" for m, i, c in CASES]
-
-
-@pytest.mark.parametrize("model,inner,cost", CASES, ids=IDS)
-def test_training_matches_the_unsharded_eager_run(ranks, model, inner, cost):
-    r0, r1 = ranks.run(train_cases.train, model, inner, BUDGET, cost)
+@pytest.mark.parametrize("model,inner,cost,persistence", CASES, ids=IDS)
+def test_training_matches_the_unsharded_eager_run(ranks, model, inner, cost, persistence):
+    r0, r1 = ranks.run(train_cases.train, model, inner, BUDGET, cost, persistence)
     assert r0["loss"] == r1["loss"], "the all-reduced loss differs between ranks"
     assert len(r0["loss"]) == train_cases.STEPS
     for step, (got, want) in enumerate(zip(r0["loss"], r0["ref_loss"])):
@@ -45,3 +45,4 @@ def test_training_matches_the_unsharded_eager_run(ranks, model, inner, cost):
         assert r["model_grads"] == [[]] * train_cases.STEPS
         assert 0 < r["peak"] <= BUDGET
         assert (r["buckets"] > 0) == (cost is not None)
+        assert (r["persistent"] > 0) == (persistence > 0)

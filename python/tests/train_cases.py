@@ -59,8 +59,8 @@ def mean_over_ranks(x: float) -> float:
     return t.item() / dist.get_world_size()
 
 
-def train(name: str, inner: str, budget: int, cost: dict | None = None, steps: int = STEPS,
-          device: str = "cpu") -> dict:
+def train(name: str, inner: str, budget: int, cost: dict | None = None, persistence_threshold: int = 0,
+          steps: int = STEPS, device: str = "cpu") -> dict:
     """Trains ``name`` through the backend and its reference side by side; returns what the test
     asserts on."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -68,7 +68,7 @@ def train(name: str, inner: str, budget: int, cost: dict | None = None, steps: i
     ref = models.build(spec)[0].to(device)
     model = models.build(spec)[0].to(device)
     initial = {n: p.detach().clone() for n, p in ref.named_parameters()}
-    sharded = zerosched.shard(model)
+    sharded = zerosched.shard(model, persistence_threshold=persistence_threshold)
     opt = torch.optim.SGD(sharded.parameters(), lr=LR)
     opt_ref = torch.optim.SGD(ref.parameters(), lr=LR)
     torch._dynamo.reset()
@@ -86,12 +86,15 @@ def train(name: str, inner: str, budget: int, cost: dict | None = None, steps: i
 
             out["gathered_between"].append(sharded.gathered())
             out["bytes_between"].append(runtime.RUNTIME.gathered_bytes)
-            out["model_grads"].append([e.name for e in sharded.entries if e.param.grad is not None])
+            out["model_grads"].append(
+                [e.name for e in sharded.entries if not e.persistent and e.param.grad is not None]
+            )
         full = sharded.full_parameters()
         out["param_err"] = {n: rel_err(full[n], p.detach()) for n, p in ref.named_parameters()}
         out["moved"] = min(rel_err(p.detach(), initial[n]) for n, p in ref.named_parameters())
         out["peak"] = runtime.RUNTIME.peak_gathered_bytes
         out["buckets"] = runtime.RUNTIME.coalesced_gathers - buckets0
+        out["persistent"] = sum(e.persistent for e in sharded.entries)
         out["params"] = len(sharded.entries)
     finally:
         sharded.close()

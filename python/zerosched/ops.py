@@ -83,12 +83,12 @@ def _release_fake(value, *, param, after):
 
 
 def _reduce_grad(grad: torch.Tensor, *, param: str, sharded: bool) -> torch.Tensor:
-    return runtime.reduce_grad(param, grad, sharded)
+    return runtime.reduce_grad(param, grad)
 
 
 def _reduce_grad_fake(grad, *, param, sharded):
     e = runtime.RUNTIME.entry(param)
-    return grad.new_empty(e.chunk) if sharded else torch.empty_like(grad)
+    return torch.empty_like(grad) if e.persistent else grad.new_empty(e.chunk)
 
 
 def _end_backward(reduced: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -276,18 +276,19 @@ def release(name: str, value: torch.Tensor) -> None:
     storage.resize_(0)
 
 
-def reduce_grad(name: str, grad: torch.Tensor, sharded: bool) -> torch.Tensor:
+def reduce_grad(name: str, grad: torch.Tensor) -> torch.Tensor:
     """Issues the gradient's reduction (a reduce-scatter into the shard's slice, or an
     all-reduce for a persistent parameter); :func:`end_backward` waits for it and averages it
-    into the shard's ``.grad``."""
+    into the shard's ``.grad``.
+
+    The parameter decides which, not the op's ``sharded`` flag: a backward graph that does not
+    read a persistent parameter has no entry saying so, and the scheduler then takes it for
+    sharded."""
     e = RUNTIME.entry(name)
-    if sharded == e.persistent:
-        raise ZeroschedError(f"gradient of `{name}`: reduce_grad(sharded={sharded}) but the parameter is "
-                             f"{'persistent' if e.persistent else 'sharded'}")
     if grad.is_cuda:  # the side stream reads it after the graph may have dropped it
         grad.record_stream(_side_stream(grad.device))
     with _comm_stream(grad.device):
-        if sharded:
+        if not e.persistent:
             flat = torch.zeros(e.padded, dtype=grad.dtype, device=grad.device)
             flat[: e.numel] = grad.reshape(-1)
             out = torch.empty(e.chunk, dtype=grad.dtype, device=grad.device)
