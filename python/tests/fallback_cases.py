@@ -52,8 +52,9 @@ def train(with_fallback: bool) -> dict:
     sharded = zerosched.shard(model, persistence_threshold=0)
     if not with_fallback:
         sharded.remove_fallback()
-    opt = torch.optim.SGD(sharded.parameters(), lr=0.1)
-    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    # AdamW here (SGD in train_cases): any torch.optim optimizer steps the shards.
+    opt = torch.optim.AdamW(sharded.parameters(), lr=0.01)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=0.01)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=zerosched.backend(budget=None))
     g = torch.Generator().manual_seed(7)
