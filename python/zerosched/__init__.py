@@ -1,5 +1,9 @@
 """zerosched: ZeRO-3 communication scheduling for PyTorch training graphs (Python side)."""
 
 from zerosched._core import OverBudgetError, ZeroschedError, __version__, check, schedule
+from zerosched import ops  # registers the zerosched ops with torch.library
+from zerosched.compiler import backend
+from zerosched.runtime import ShardedModel, shard
 
-__all__ = ["OverBudgetError", "ZeroschedError", "__version__", "check", "schedule"]
+__all__ = ["OverBudgetError", "ShardedModel", "ZeroschedError", "__version__", "backend", "check", "ops",
+           "schedule", "shard"]

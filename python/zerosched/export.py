@@ -29,6 +29,8 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.fx
 
+from zerosched._core import ZeroschedError
+
 FORMAT = "fx-graph"
 PROGRAM_FORMAT = "fx-program"
 VERSION = 1
@@ -36,7 +38,7 @@ VERSION = 1
 GZIP_THRESHOLD = 1_000_000
 
 
-class ExportError(Exception):
+class ExportError(ZeroschedError):
     """A graph (or a model) that fx-graph v1 cannot represent; the message names the node."""
 
 
@@ -393,6 +395,92 @@ def _val_shape(node: torch.fx.Node) -> tuple | None:
     return tuple(v.shape) if isinstance(v, torch.Tensor) else None
 
 
+class StepParams:
+    """The parameters of one dynamo graph's AOT forward and backward graphs.
+
+    ``input_fqn[i]`` names the parameter that dynamo example input ``i`` is (``None`` for other
+    inputs); ``param_obj`` maps names to parameters.  AOT primals follow the dynamo graph's
+    placeholder order; a backward placeholder is a parameter when it has the name of a forward
+    parameter placeholder (the partitioner keeps the names of saved values).  Every assumption
+    is checked by shape, with an :class:`ExportError` naming the graph otherwise.
+    """
+
+    def __init__(self, k: int, dyn_gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                 input_fqn: Sequence[str | None], param_obj: dict[str, torch.nn.Parameter],
+                 is_persistent: Callable[[str, torch.nn.Parameter], bool]) -> None:
+        if len(_placeholders(dyn_gm)) != len(example_inputs):
+            raise ExportError(
+                f"dynamo graph {k}: {len(_placeholders(dyn_gm))} placeholders but {len(example_inputs)} example inputs"
+            )
+        self.k = k
+        self.example_inputs = example_inputs
+        self.input_fqn = list(input_fqn)
+        self.param_obj = param_obj
+        self.is_persistent = is_persistent
+        self.fw_param_ph: dict[str, str] = {}  # forward placeholder -> parameter name
+        self.n_primals = 0
+
+    def _param(self, fqn: str, node: str) -> Param:
+        p = self.param_obj[fqn]
+        return Param(fqn, node, list(p.shape), dtype_name(p.dtype), self.is_persistent(fqn, p))
+
+    def forward(self, gm: torch.fx.GraphModule) -> tuple[list[Param], dict[str, bool]]:
+        """The forward's parameters and the ``requires_grad`` of its placeholders."""
+        k, ph = self.k, _placeholders(gm)
+        if len(ph) != len(self.example_inputs):
+            raise ExportError(
+                f"dynamo graph {k}: AOT forward has {len(ph)} inputs, dynamo graph {len(self.example_inputs)}"
+            )
+        self.n_primals = len(ph)
+        params = []
+        for n, fqn in zip(ph, self.input_fqn):
+            if fqn is None:
+                continue
+            p = self.param_obj[fqn]
+            if _val_shape(n) != tuple(p.shape):
+                raise ExportError(
+                    f"dynamo graph {k}: primal {n.name} has shape {_val_shape(n)} but parameter "
+                    f"{fqn} has shape {tuple(p.shape)}: placeholder order assumption broken"
+                )
+            params.append(self._param(fqn, n.name))
+            self.fw_param_ph[n.name] = fqn
+        rg = {n.name: bool(x.requires_grad) for n, x in zip(ph, self.example_inputs) if isinstance(x, torch.Tensor)}
+        return params, rg
+
+    def backward(self, gm: torch.fx.GraphModule) -> tuple[list[Param], list[tuple[str, int]], dict[str, bool]]:
+        """The backward's parameters, its gradient outputs and the ``requires_grad`` of its
+        parameter placeholders."""
+        k = self.k
+        params = []
+        for n in _placeholders(gm):
+            fqn = self.fw_param_ph.get(n.name)
+            if fqn is not None:
+                if _val_shape(n) != tuple(self.param_obj[fqn].shape):
+                    raise ExportError(f"backward of dynamo graph {k}: saved {n.name} is not parameter {fqn}")
+                params.append(self._param(fqn, n.name))
+        outs = _output_args(gm)
+        if len(outs) != self.n_primals:
+            raise ExportError(f"backward of dynamo graph {k}: {len(outs)} outputs for {self.n_primals} forward inputs")
+        grads = []
+        for i, fqn in enumerate(self.input_fqn):
+            if fqn is None:
+                continue
+            p = self.param_obj[fqn]
+            o = outs[i]
+            if o is None:
+                if p.requires_grad:
+                    raise ExportError(f"backward of dynamo graph {k}: no gradient output for {fqn}")
+                continue
+            if not isinstance(o, torch.fx.Node) or _val_shape(o) != tuple(p.shape):
+                raise ExportError(
+                    f"backward of dynamo graph {k}: output {i} has shape "
+                    f"{_val_shape(o) if isinstance(o, torch.fx.Node) else o} but parameter {fqn} has {tuple(p.shape)}"
+                )
+            grads.append((fqn, i))
+        rg = {p.node: bool(self.param_obj[p.name].requires_grad) for p in params}
+        return params, grads, rg
+
+
 def capture(
     model: torch.nn.Module,
     run_step: Callable[[torch.nn.Module], Any],
@@ -437,74 +525,18 @@ def capture(
     def backend(dyn_gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         k = n_dynamo[0]
         n_dynamo[0] += 1
-        dyn_ph = _placeholders(dyn_gm)
-        if len(dyn_ph) != len(example_inputs):
-            raise ExportError(
-                f"dynamo graph {k}: {len(dyn_ph)} placeholders but {len(example_inputs)} example inputs"
-            )
         # Which example input is which parameter, by object identity.
-        input_fqn: list[str | None] = [by_id.get(id(x)) if isinstance(x, torch.Tensor) else None for x in example_inputs]
-        state: dict[str, Any] = {"fw_param_ph": {}}
+        input_fqn = [by_id.get(id(x)) if isinstance(x, torch.Tensor) else None for x in example_inputs]
+        step = StepParams(k, dyn_gm, example_inputs, input_fqn, param_obj, is_persistent)
 
         def fw_compiler(gm: torch.fx.GraphModule, ex: list) -> Callable:
-            ph = _placeholders(gm)
-            # AOT primals follow the dynamo graph's placeholder order: check it.
-            if len(ph) != len(example_inputs):
-                raise ExportError(
-                    f"dynamo graph {k}: AOT forward has {len(ph)} inputs, dynamo graph {len(example_inputs)}"
-                )
-            params = []
-            for i, (n, fqn) in enumerate(zip(ph, input_fqn)):
-                if fqn is None:
-                    continue
-                p = param_obj[fqn]
-                if _val_shape(n) != tuple(p.shape):
-                    raise ExportError(
-                        f"dynamo graph {k}: primal {n.name} has shape {_val_shape(n)} but parameter "
-                        f"{fqn} has shape {tuple(p.shape)}: placeholder order assumption broken"
-                    )
-                params.append(Param(fqn, n.name, list(p.shape), dtype_name(p.dtype), is_persistent(fqn, p)))
-                state["fw_param_ph"][n.name] = (i, fqn)
-            rg = {n.name: bool(x.requires_grad) for n, x in zip(ph, example_inputs) if isinstance(x, torch.Tensor)}
+            params, rg = step.forward(gm)
             cg = CapturedGraph("forward", k, gm, params, [], requires_grad=rg)
             graphs.append(cg)
-            state["fw"] = cg
             return runner(cg, make_boxed_func(gm.forward))
 
         def bw_compiler(gm: torch.fx.GraphModule, ex: list) -> Callable:
-            fw_cg: CapturedGraph = state["fw"]
-            fw_param_ph = state["fw_param_ph"]
-            params = []
-            for n in _placeholders(gm):
-                if n.name in fw_param_ph:
-                    _, fqn = fw_param_ph[n.name]
-                    p = param_obj[fqn]
-                    if _val_shape(n) != tuple(p.shape):
-                        raise ExportError(f"backward of dynamo graph {k}: saved {n.name} is not parameter {fqn}")
-                    params.append(Param(fqn, n.name, list(p.shape), dtype_name(p.dtype), is_persistent(fqn, p)))
-            outs = _output_args(gm)
-            n_primals = len(_placeholders(fw_cg.gm))
-            if len(outs) != n_primals:
-                raise ExportError(
-                    f"backward of dynamo graph {k}: {len(outs)} outputs for {n_primals} forward inputs"
-                )
-            grads = []
-            for i, fqn in enumerate(input_fqn):
-                if fqn is None:
-                    continue
-                p = param_obj[fqn]
-                o = outs[i]
-                if o is None:
-                    if p.requires_grad:
-                        raise ExportError(f"backward of dynamo graph {k}: no gradient output for {fqn}")
-                    continue
-                if not isinstance(o, torch.fx.Node) or _val_shape(o) != tuple(p.shape):
-                    raise ExportError(
-                        f"backward of dynamo graph {k}: output {i} has shape "
-                        f"{_val_shape(o) if isinstance(o, torch.fx.Node) else o} but parameter {fqn} has {tuple(p.shape)}"
-                    )
-                grads.append((fqn, i))
-            rg = {p.node: bool(param_obj[p.name].requires_grad) for p in params}
+            params, grads, rg = step.backward(gm)
             cg = CapturedGraph("backward", k, gm, params, grads, requires_grad=rg)
             graphs.append(cg)
             return runner(cg, make_boxed_func(gm.forward))

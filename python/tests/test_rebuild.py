@@ -1,0 +1,52 @@
+"""Rebuilding an FX graph from its scheduled document: the inserted ops in the scheduled order,
+and clear errors for documents the backend cannot run."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import zerosched
+from zerosched import export, ops, rebuild
+
+
+@pytest.fixture(scope="module")
+def graph():
+    gm = make_fx(lambda w, x: torch.mm(x, w).relu(), tracing_mode="fake")(torch.randn(4, 4), torch.randn(2, 4))
+    w = [n.name for n in gm.graph.nodes if n.op == "placeholder"][0]
+    doc = export.graph_to_doc(gm, name="g", params=[export.Param("w", w, [4, 4], "float32")])
+    scheduled, _ = zerosched.schedule(export.dumps_graph(doc).encode(), {"world_size": 2})
+    return gm, json.loads(scheduled)
+
+
+def test_the_rebuilt_graph_holds_the_scheduled_order(graph):
+    gm, doc = graph
+    new = rebuild.rebuild(gm, doc)
+    assert [n.name for n in new.graph.nodes] == [n["name"] for n in doc["nodes"]]
+    targets = [n.target for n in new.graph.nodes if n.op == "call_function"]
+    assert targets[:2] == [ops.allgather, ops.wait] and ops.release in targets
+    mm = next(n for n in new.graph.nodes if n.target == torch.ops.aten.mm.default)
+    assert mm.args[1].target is ops.wait, "the use reads the waited value, not the shard"
+
+
+@pytest.mark.parametrize("target", ["zerosched.keep.default", "mylib.custom.default"])
+def test_a_node_the_backend_cannot_run_is_named(graph, target):
+    gm, doc = graph
+    bad = copy.deepcopy(doc)
+    node = next(n for n in bad["nodes"] if n["target"] == "zerosched.release.default")
+    node["target"], node["name"] = target, "odd"
+    with pytest.raises(zerosched.ZeroschedError, match=f"graph `g`, node `odd`: .*`{target}`"):
+        rebuild.rebuild(gm, bad)
+
+
+def test_a_reference_to_an_unknown_node_is_named(graph):
+    gm, doc = graph
+    bad = copy.deepcopy(doc)
+    wait = next(n for n in bad["nodes"] if n["target"] == "zerosched.wait.default")
+    wait["args"] = [{"node": "nowhere"}]
+    with pytest.raises(zerosched.ZeroschedError, match=f"node `{wait['name']}`: reference to `nowhere`"):
+        rebuild.rebuild(gm, bad)

@@ -1,0 +1,183 @@
+"""The ``torch.compile`` backend: ``torch.compile(model, backend=zerosched.backend(...))``.
+
+AOTAutograd splits each dynamo graph into a forward and a backward graph.  Each is exported to
+fx-graph v1 (``zerosched.export``), scheduled by the Rust core in-process, rebuilt as an FX
+graph with zerosched's ops in the scheduled order (``zerosched.rebuild``), and handed to the
+inner compiler (eager FX, or Inductor).  docs/python.md describes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from zerosched import _core, export, rebuild, runtime
+from zerosched._core import ZeroschedError
+
+INNER = ("eager", "inductor")
+
+
+@dataclasses.dataclass
+class Stats:
+    """Seconds spent in zerosched by the backends of this process, and graphs compiled:
+    export (FX graph to fx-graph v1 bytes), schedule (the Rust core), rebuild (parsing the
+    scheduled document and building the FX graph)."""
+
+    export_s: float = 0.0
+    schedule_s: float = 0.0
+    rebuild_s: float = 0.0
+    graphs: int = 0
+    cache_hits: int = 0
+
+    def total_s(self) -> float:
+        return self.export_s + self.schedule_s + self.rebuild_s
+
+
+STATS = Stats()
+
+#: sha256 of (exported graph, options) -> (scheduled graph, report).
+_CACHE: dict[bytes, tuple[bytes, str]] = {}
+
+
+def backend(budget: int | str | None = None, scheduler: str = "prefetch", inner: str = "eager", *,
+            cost: dict | None = None, debug: bool = False) -> Callable:
+    """A ``torch.compile`` backend for a model that :func:`zerosched.shard` has sharded.
+
+    ``budget`` bounds the gathered parameter bytes alive at once in each graph, ``scheduler`` is
+    ``prefetch``, ``jit`` or ``deepcompile`` (docs/passes.md), ``inner`` compiles the scheduled
+    graphs (``"eager"``: run the FX graph; ``"inductor"``), ``cost`` is the cost model.  With
+    ``debug``, every rank all-reduces a hash of each schedule and a disagreement raises.
+    """
+    if inner not in INNER:
+        raise ZeroschedError(f"zerosched.backend: inner must be one of {INNER}, not {inner!r}")
+    options: dict[str, Any] = {"budget": budget, "scheduler": scheduler}
+    if cost is not None:
+        options["cost"] = cost
+    _core.schedule(b'{"format":"fx-graph","version":1,"nodes":[{"name":"o","op":"output","target":"output",'
+                   b'"args":[[]],"kwargs":{}}]}', {**options, "world_size": 1})  # refuses bad options now
+    counter = [0]
+
+    def compile_dynamo_graph(dyn_gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        from functorch.compile import min_cut_rematerialization_partition
+        from torch._dynamo.backends.common import aot_autograd
+
+        k = counter[0]
+        counter[0] += 1
+        entries = _entries(dyn_gm, example_inputs)
+        param_obj = {e.name: e.param for e in entries if e is not None}
+        persistent = {e.name for e in entries if e is not None and e.persistent}
+        step = export.StepParams(k, dyn_gm, example_inputs, [e.name if e else None for e in entries], param_obj,
+                                 lambda fqn, p: fqn in persistent)
+        world = {e.world_size for e in entries if e is not None}
+        opts = {**options, "world_size": world.pop() if world else 1}
+
+        def fw(gm: torch.fx.GraphModule, ex: list, kind: str = "forward") -> Callable:
+            params, rg = step.forward(gm)
+            return _compile(gm, ex, f"{kind}_{k}", kind, params, [], rg, opts, inner, debug)
+
+        def bw(gm: torch.fx.GraphModule, ex: list) -> Callable:
+            params, grads, rg = step.backward(gm)
+            return _compile(gm, ex, f"backward_{k}", "backward", params, grads, rg, opts, inner, debug)
+
+        return aot_autograd(
+            fw_compiler=fw,
+            bw_compiler=bw,
+            inference_compiler=lambda gm, ex: fw(gm, ex, "inference"),
+            decompositions=_decompositions(inner),
+            partition_fn=min_cut_rematerialization_partition,
+            keep_inference_input_mutations=True,
+        )(dyn_gm, example_inputs)
+
+    return compile_dynamo_graph
+
+
+def _decompositions(inner: str) -> dict:
+    """Inductor lowers the graphs it is given only after its own decompositions; the eager
+    inner compiler gets the exporter's (core ATen)."""
+    if inner == "inductor":
+        from torch._inductor.decomposition import select_decomp_table
+
+        return select_decomp_table()
+    return export.default_decompositions()
+
+
+def _entries(dyn_gm: torch.fx.GraphModule, example_inputs: list) -> list[runtime.ShardedParam | None]:
+    """The runtime's entry of each example input that is a parameter; a parameter zerosched has
+    not sharded is an error."""
+    by_id = {id(e.param): e for e in runtime.RUNTIME.params.values()}
+    names = [n.name for n in dyn_gm.graph.nodes if n.op == "placeholder"]
+    out: list[runtime.ShardedParam | None] = []
+    for name, x in zip(names, example_inputs):
+        e = by_id.get(id(x))
+        if e is None and isinstance(x, torch.nn.Parameter):
+            raise ZeroschedError(
+                f"graph input `{name}` is a parameter ({tuple(x.shape)}) that zerosched.shard() has not sharded: "
+                "shard the model before compiling it with zerosched.backend()"
+            )
+        out.append(e)
+    worlds = {e.world_size for e in out if e is not None}
+    if len(worlds) > 1:
+        raise ZeroschedError(f"one graph reads parameters sharded over different world sizes {sorted(worlds)}")
+    return out
+
+
+def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: list, grads: list,
+             rg: dict, opts: dict, inner: str, debug: bool) -> Callable:
+    t0 = time.perf_counter()
+    doc = export.graph_to_doc(gm, name=name, kind=kind, params=params, grads=grads, requires_grad=rg)
+    # The key leaves out the graph's name, which only labels reports and messages.
+    unnamed = export.dumps_graph({k: v for k, v in doc.items() if k != "name"})
+    key = hashlib.sha256(unnamed.encode() + json.dumps(opts, sort_keys=True).encode()).digest()
+    hit = _CACHE.get(key)
+    if hit is None:
+        data = export.dumps_graph(doc).encode()
+    t1 = time.perf_counter()
+    if hit is None:
+        hit = _CACHE[key] = _core.schedule(data, opts)
+    else:
+        STATS.cache_hits += 1
+    t2 = time.perf_counter()
+    doc = json.loads(hit[0])
+    new_gm = rebuild.rebuild(gm, doc, drop_outputs=[i for _, i in grads])
+    t3 = time.perf_counter()
+    STATS.export_s += t1 - t0
+    STATS.schedule_s += t2 - t1
+    STATS.rebuild_s += t3 - t2
+    STATS.graphs += 1
+    if debug:
+        _assert_same_schedule(doc)
+    if inner == "inductor":
+        from torch._guards import detect_fake_mode
+        from torch._inductor.compile_fx import compile_fx_inner
+        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+        FakeTensorProp(new_gm, detect_fake_mode(ex)).propagate_dont_convert_inputs(*ex)
+        return compile_fx_inner(new_gm, ex, is_backward=kind == "backward", is_inference=kind == "inference")
+    from functorch.compile import make_boxed_func
+
+    return make_boxed_func(new_gm.forward)
+
+
+def _assert_same_schedule(doc: dict) -> None:
+    """Ranks that reach different schedules issue collectives in different orders and hang:
+    compare a hash of the schedule across ranks (design.md, failure mode 6).  The schedule is
+    the node order and the inserted ops' arguments; tensor metadata may legitimately differ
+    (a rank's input slice has another storage offset)."""
+    if not dist.is_initialized():
+        return
+    name = doc.get("name", "<graph>")
+    order = [(n["name"], n["target"], n["kwargs"] if n["target"].startswith("zerosched.") else None)
+             for n in doc["nodes"]]
+    h = int.from_bytes(hashlib.sha256(json.dumps(order, sort_keys=True).encode()).digest()[:7], "little")
+    lo = torch.tensor([h], dtype=torch.int64)
+    hi = lo.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    if lo.item() != hi.item():
+        raise ZeroschedError(f"graph `{name}`: the ranks reached different schedules (hashes differ)")
