@@ -169,6 +169,8 @@ pub enum ExecError {
     },
     #[error(transparent)]
     UseAfterFree(Box<UseAfterFree>),
+    #[error(transparent)]
+    Input(#[from] inputs::InputError),
     #[error("graph `{graph}`, node `{node}` (`{target}`): {message}")]
     Node {
         graph: String,
