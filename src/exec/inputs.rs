@@ -16,7 +16,9 @@
 //! Ranges: floats uniform in [-1, 1) (parameters in [-0.1, 0.1)); `bool` fair coins; integers
 //! in [0, bound) where `bound` is the smallest size any consumer indexes with the value
 //! (`embedding`'s table rows, `index`/`index_put`'s indexed dimension, `gather`/`scatter`'s
-//! `dim`), followed through views; 2 when no consumer bounds it.
+//! `dim`), followed through views; 2 when no consumer bounds it. Group offsets of a grouped
+//! matrix product are drawn sorted in [0, size of the dimension they split], as cumulative
+//! group ends are.
 
 use super::cpu::Tensor;
 use ndarray::{ArrayD, IxDyn};
@@ -119,13 +121,30 @@ impl Inputs {
             fits(&n.name, t, g.label(), &shape_of(meta), meta.dtype).map_err(|e| e.to_string())?;
             return Ok(t.tensor.clone());
         }
-        let bound = if meta.dtype.is_floating() || meta.dtype == Dtype::Bool {
-            2
-        } else {
-            int_bound(g, id).unwrap_or(2)
-        };
         let mut rng = self.rng(&n.name, self.stream(rank));
-        random(&mut rng, &shape_of(meta), meta.dtype, 1.0, bound)
+        let shape = shape_of(meta);
+        if meta.dtype.is_floating() || meta.dtype == Dtype::Bool {
+            return random(&mut rng, &shape, meta.dtype, 1.0, 2);
+        }
+        if let Some(end) = group_end(g, id) {
+            // Group offsets: cumulative ends, so non-decreasing within [0, end].
+            let mut t = random(&mut rng, &shape, meta.dtype, 1.0, end.saturating_add(1))?;
+            if let super::cpu::tensor::Data::I64(a) = &mut t.data {
+                let mut v: Vec<i64> = a.iter().copied().collect();
+                v.sort_unstable();
+                *a = ArrayD::from_shape_vec(IxDyn(&shape), v)
+                    .map_err(|e| e.to_string())?
+                    .into_shared();
+            }
+            return Ok(t);
+        }
+        random(
+            &mut rng,
+            &shape,
+            meta.dtype,
+            1.0,
+            int_bound(g, id).unwrap_or(2),
+        )
     }
 
     /// Reads the tensors of `path`: a `.safetensors` file (every tensor, by its name), a file
@@ -395,9 +414,9 @@ fn dim_size(g: &Graph, a: Option<&Arg<NodeId>>, dim: i64) -> Option<i64> {
         .map(|s| s.hint() as i64)
 }
 
-/// The smallest size any consumer indexes with `id`'s values, followed through views.
-pub fn int_bound(g: &Graph, id: NodeId) -> Option<i64> {
-    let mut best: Option<i64> = None;
+/// The nodes that read `id`'s values, followed through views: (reader, the value it reads).
+fn readers(g: &Graph, id: NodeId) -> Vec<(NodeId, NodeId)> {
+    let mut out = Vec::new();
     let mut stack = vec![id];
     let mut seen = std::collections::BTreeSet::new();
     while let Some(v) = stack.pop() {
@@ -405,13 +424,29 @@ pub fn int_bound(g: &Graph, id: NodeId) -> Option<i64> {
             continue;
         }
         for u in g.users(v) {
+            let t = g.node(u).target.as_str();
+            if zerosched_ir::aten::is_view(t) || t == "aten.clone.default" {
+                stack.push(u);
+            } else {
+                out.push((u, v));
+            }
+        }
+    }
+    out
+}
+
+/// The smallest size any consumer indexes with `id`'s values, followed through views.
+pub fn int_bound(g: &Graph, id: NodeId) -> Option<i64> {
+    readers(g, id)
+        .into_iter()
+        .filter_map(|(u, v)| {
             let n = g.node(u);
             let is = |a: Option<&Arg<NodeId>>| a.and_then(Arg::as_node) == Some(&v);
             let position_in = |a: Option<&Arg<NodeId>>| {
                 a.and_then(Arg::as_list)
                     .and_then(|l| l.iter().position(|x| x.as_node() == Some(&v)))
             };
-            let bound = match n.target.as_str() {
+            match n.target.as_str() {
                 "aten.embedding.default" if is(n.args.get(1)) => dim_size(g, n.args.first(), 0),
                 "aten.index.Tensor" | "aten.index_put.default" => {
                     position_in(n.args.get(1)).and_then(|k| dim_size(g, n.args.first(), k as i64))
@@ -424,18 +459,37 @@ pub fn int_bound(g: &Graph, id: NodeId) -> Option<i64> {
                         .and_then(Arg::as_int)
                         .and_then(|d| dim_size(g, n.args.first(), d))
                 }
-                t if zerosched_ir::aten::is_view(t) || t == "aten.clone.default" => {
-                    stack.push(u);
-                    None
-                }
                 _ => None,
-            };
-            if let Some(b) = bound {
-                best = Some(best.map_or(b, |x: i64| x.min(b)));
             }
+        })
+        .min()
+}
+
+/// When `id` gives a grouped matrix product its group offsets: the size of the dimension they
+/// split (rows of a 2-d first operand against a 3-d second, columns of a 2-d second against a
+/// 3-d first, the contraction dimension of two 2-d operands).
+pub fn group_end(g: &Graph, id: NodeId) -> Option<i64> {
+    readers(g, id).into_iter().find_map(|(u, v)| {
+        let n = g.node(u);
+        let offs = n.args.get(2).or_else(|| n.kwargs.get("offs"));
+        if n.target != "aten._grouped_mm.default" || offs.and_then(Arg::as_node) != Some(&v) {
+            return None;
         }
-    }
-    best
+        let rank = |a: Option<&Arg<NodeId>>| match a
+            .and_then(Arg::as_node)
+            .map(|&x| &g.node(x).meta.val)
+        {
+            Some(Some(Val::Tensor(t))) => Some(t.shape.len()),
+            _ => None,
+        };
+        let (a, b) = (n.args.first(), n.args.get(1));
+        match (rank(a)?, rank(b)?) {
+            (2, 3) => dim_size(g, a, 0),
+            (3, 2) => dim_size(g, b, 1),
+            (2, 2) => dim_size(g, a, 1),
+            _ => None,
+        }
+    })
 }
 
 /// SplitMix64 (Steele, Lea and Flood 2014): a 64-bit state, one multiply-xorshift per draw.

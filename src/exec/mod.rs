@@ -7,7 +7,8 @@
 //! - **Liveness.** Each value lives in the storage of its alias class (`passes::alias`); a
 //!   class is allocated when its allocating node runs and freed right after its last real use
 //!   (`passes::liveness::LastUses` on the graph's own order), exactly as the simulator counts
-//!   it. Graph inputs are allocated at the start; parameters, attributes, gathered buffers and
+//!   it. Graph inputs are allocated at the start (one that nothing reads is freed at its place
+//!   in the order); parameters, attributes, gathered buffers and
 //!   whatever the output returns stay to the end of the graph.
 //! - **ZeRO-3 ops with real data.** A sharded parameter's placeholder holds the rank's shard
 //!   (flattened, padded to a multiple of N, one N-th). `allgather` concatenates every rank's
@@ -453,6 +454,22 @@ fn returned_classes(g: &Graph, aliases: &Aliases) -> Vec<bool> {
     returned
 }
 
+/// Frees, on every rank, the classes whose last use is `id`.
+fn free_after<T>(plan: &Plan<'_>, ranks: &mut [Rank<T>], id: NodeId) {
+    for &c in plan.frees_after(id.index()) {
+        let c = c as usize;
+        for rk in ranks.iter_mut() {
+            if rk.state[c] == State::Live {
+                rk.state[c] = State::Freed(id);
+                rk.counter.free(rk.bytes[c], false);
+                for &m in plan.members_of(c) {
+                    rk.values[m as usize] = Value::Dead;
+                }
+            }
+        }
+    }
+}
+
 /// One rank's tables while a graph runs.
 struct Rank<T> {
     values: Vec<Value<T>>,
@@ -595,6 +612,8 @@ impl<B: Backend> Executor<B> {
             let i = id.index();
             let n = g.node(id);
             if matches!(n.op, Op::Placeholder | Op::GetAttr) {
+                // An input that nothing reads is freed at its place in the order.
+                free_after(plan, &mut ranks, id);
                 continue;
             }
             // Every read is of live storage; a view of freed storage is itself dead.
@@ -778,18 +797,7 @@ impl<B: Backend> Executor<B> {
                     }
                 }
             }
-            for &c in plan.frees_after(i) {
-                let c = c as usize;
-                for rk in &mut ranks {
-                    if rk.state[c] == State::Live {
-                        rk.state[c] = State::Freed(id);
-                        rk.counter.free(rk.bytes[c], false);
-                        for &m in plan.members_of(c) {
-                            rk.values[m as usize] = Value::Dead;
-                        }
-                    }
-                }
-            }
+            free_after(plan, &mut ranks, id);
         }
         Ok(GraphRun {
             graph,
