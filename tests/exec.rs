@@ -421,3 +421,204 @@ fn dry_run_measures_the_simulated_peaks() {
         "the timed simulation never held anything longer"
     );
 }
+
+/// Every input of a program as the seeded generator draws it for rank 0, by placeholder or
+/// parameter name (the first graph that has it).
+fn drawn_inputs(p: &Program, seed: u64) -> Vec<(String, Tensor)> {
+    let inputs = Inputs::new(seed);
+    let mut out: Vec<(String, Tensor)> = Vec::new();
+    for g in &p.graphs {
+        for (id, n) in g
+            .nodes()
+            .filter(|(_, n)| n.op == zerosched_ir::Op::Placeholder)
+        {
+            let (name, t) = match g.param_of(id) {
+                Some(pa) => (pa.name.clone(), inputs.param(g, pa).expect("param")),
+                None => (n.name.clone(), inputs.data(g, id, 0).expect("data")),
+            };
+            if out.iter().all(|(o, _)| *o != name) {
+                out.push((name, t));
+            }
+        }
+    }
+    out
+}
+
+fn run_with(p: &Program, inputs: &Inputs) -> Result<ProgramRun<Tensor>, ExecError> {
+    let mut exec = Executor::new(Cpu, ExecOptions { world_size: 1 });
+    run_program(&mut exec, p, inputs)
+}
+
+fn write_npy(dir: &std::path::Path, name: &str, t: &Tensor) {
+    use ndarray_npy::WriteNpyExt;
+    use zerosched::exec::cpu::tensor::Data;
+    let f = std::fs::File::create(dir.join(format!("{name}.npy"))).expect("create");
+    match &t.data {
+        Data::F32(a) => a.write_npy(f),
+        Data::F64(a) => a.write_npy(f),
+        Data::I64(a) => a.write_npy(f),
+        Data::Bool(a) => a.write_npy(f),
+    }
+    .expect("write npy");
+}
+
+/// A safetensors file of the tensors, each in its own dtype's little-endian bytes.
+fn write_safetensors(path: &std::path::Path, ts: &[(String, Tensor)]) {
+    use safetensors::Dtype as S;
+    use zerosched_ir::Dtype;
+    let encoded: Vec<(String, S, Vec<usize>, Vec<u8>)> = ts
+        .iter()
+        .map(|(name, t)| {
+            let v = t.to_f64_vec();
+            let (dt, bytes): (S, Vec<u8>) = match t.dtype {
+                Dtype::Float32 => (
+                    S::F32,
+                    v.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
+                ),
+                Dtype::BFloat16 => (
+                    S::BF16,
+                    v.iter()
+                        .flat_map(|&x| half::bf16::from_f64(x).to_le_bytes())
+                        .collect(),
+                ),
+                Dtype::Int64 => (
+                    S::I64,
+                    v.iter().flat_map(|&x| (x as i64).to_le_bytes()).collect(),
+                ),
+                Dtype::Int32 => (
+                    S::I32,
+                    v.iter().flat_map(|&x| (x as i32).to_le_bytes()).collect(),
+                ),
+                Dtype::Bool => (S::BOOL, v.iter().map(|&x| u8::from(x != 0.0)).collect()),
+                other => panic!("{name}: no encoding for {other}"),
+            };
+            (name.clone(), dt, t.shape().to_vec(), bytes)
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = encoded
+        .iter()
+        .map(|(name, dt, shape, bytes)| {
+            let v = safetensors::tensor::TensorView::new(*dt, shape.clone(), bytes).expect("view");
+            (name.clone(), v)
+        })
+        .collect();
+    let data = safetensors::serialize(views, None).expect("serialize");
+    std::fs::write(path, data).expect("write");
+}
+
+fn outputs(r: &ProgramRun<Tensor>) -> Vec<Tensor> {
+    r.graphs[0].outputs[0].iter().flatten().cloned().collect()
+}
+
+/// Inputs written to `.npy` files (a directory of them) replace the random ones: a run with
+/// another seed but seed 7's inputs from files computes seed 7's outputs, bit for bit.
+#[test]
+fn inputs_from_npy_files() {
+    let p = fixture("llama_fwd_0");
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, t) in drawn_inputs(&p, SEED) {
+        write_npy(dir.path(), &name, &t);
+    }
+    let mut inputs = Inputs::new(SEED + 1);
+    inputs.load(dir.path()).expect("load");
+    let got = run_with(&p, &inputs).expect("run");
+    let want = run_with(&p, &Inputs::new(SEED)).expect("run");
+    let other = run_with(&p, &Inputs::new(SEED + 1)).expect("run");
+    let (got, want, other) = (outputs(&got), outputs(&want), outputs(&other));
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert!(g.bitwise_eq(w));
+    }
+    assert!(
+        !got[0].bitwise_eq(&other[0]),
+        "the loss does not depend on the inputs"
+    );
+}
+
+/// A safetensors file gives bf16 parameters and int64 token ids of the bf16 MoE program.
+#[test]
+fn inputs_from_a_safetensors_file() {
+    let p = fixture("qwen2_moe.program");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("step.safetensors");
+    let drawn = drawn_inputs(&p, SEED);
+    assert!(
+        drawn
+            .iter()
+            .any(|(_, t)| t.dtype == zerosched_ir::Dtype::BFloat16)
+    );
+    write_safetensors(&path, &drawn);
+    let mut inputs = Inputs::new(SEED + 1);
+    inputs.load(&path).expect("load");
+    assert_eq!(inputs.given.len(), drawn.len());
+    let got = run_with(&p, &inputs).expect("run");
+    let want = run_with(&p, &Inputs::new(SEED)).expect("run");
+    for (gg, wg) in got.graphs.iter().zip(&want.graphs) {
+        for (a, b) in gg.outputs[0].iter().zip(&wg.outputs[0]) {
+            match (a, b) {
+                (Some(a), Some(b)) => assert!(a.bitwise_eq(b), "{}", gg.graph),
+                (a, b) => assert_eq!(a.is_some(), b.is_some()),
+            }
+        }
+    }
+}
+
+/// A file whose tensor does not fit the graph is refused before anything runs, naming the
+/// input, the graph and the field; so is a name the program does not have.
+#[test]
+fn inputs_that_do_not_fit_are_refused() {
+    use zerosched::exec::inputs::InputError;
+    let p = fixture("llama_fwd_0");
+    let drawn = drawn_inputs(&p, SEED);
+    let (tokens, t) = drawn
+        .iter()
+        .find(|(_, t)| t.dtype == zerosched_ir::Dtype::Int64)
+        .expect("token ids");
+    let (weight, w) = drawn
+        .iter()
+        .find(|(_, t)| t.dtype == zerosched_ir::Dtype::Float32 && t.shape().len() == 2)
+        .expect("a weight");
+    let refuse = |name: &str, bad: &Tensor| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_npy(dir.path(), name, bad);
+        let mut inputs = Inputs::new(SEED);
+        inputs.load(dir.path()).expect("load");
+        let err = run_with(&p, &inputs).expect_err("must refuse");
+        (err.to_string(), err)
+    };
+    let (msg, err) = refuse(tokens, &t.reshape(&[t.numel()]).expect("flat"));
+    assert!(
+        matches!(&err, ExecError::Input(InputError::Mismatch { field: "shape", input, .. }) if input == tokens),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(tokens) && msg.contains("shape") && msg.contains("llama_fwd_0"),
+        "{msg}"
+    );
+    let (msg, err) = refuse(weight, &w.cast(zerosched_ir::Dtype::Float64).expect("cast"));
+    assert!(
+        matches!(&err, ExecError::Input(InputError::Mismatch { field: "dtype", input, .. }) if input == weight),
+        "{msg}"
+    );
+    assert!(msg.contains("float64") && msg.contains("float32"), "{msg}");
+    let (msg, err) = refuse("no_such_input", w);
+    assert!(
+        matches!(&err, ExecError::Input(InputError::Unknown { .. })),
+        "{msg}"
+    );
+    assert!(msg.contains("no_such_input"), "{msg}");
+}
+
+/// A file that is not a tensor file is an error naming the file.
+#[test]
+fn unreadable_input_files_are_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("broken.safetensors");
+    std::fs::write(&path, b"not a safetensors file").expect("write");
+    let err = Inputs::new(0).load(&path).expect_err("must fail");
+    assert!(err.to_string().contains("broken.safetensors"), "{err}");
+    let npy = dir.path().join("x.npy");
+    std::fs::write(&npy, b"\x93NUMPY nonsense").expect("write");
+    let err = Inputs::new(0).load(&npy).expect_err("must fail");
+    assert!(err.to_string().contains("x.npy"), "{err}");
+}

@@ -71,3 +71,57 @@ fn dry_run_needs_no_data() {
         "{text}"
     );
 }
+
+/// Every fixture, unscheduled and scheduled, on 1, 2 and 4 ranks: each run succeeds and
+/// reports one measured peak per rank (beside the simulator's when scheduled), and rank 0's
+/// first output is the same bits in every run of a fixture (rank 0 draws the same inputs
+/// whatever the world size, and scheduling changes no arithmetic).
+#[test]
+fn every_fixture_runs_scheduled_and_unscheduled_on_1_2_and_4_ranks() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut fixtures: Vec<String> = std::fs::read_dir(&dir)
+        .expect("fixtures")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .map(|p| {
+            format!(
+                "tests/fixtures/{}",
+                p.file_name().unwrap_or_default().to_string_lossy()
+            )
+        })
+        .collect();
+    fixtures.sort();
+    assert!(fixtures.len() >= 12, "{fixtures:?}");
+    for f in &fixtures {
+        let mut first: Option<String> = None;
+        for world in ["1", "2", "4"] {
+            for scheduled in [false, true] {
+                let mut args = vec!["run", f.as_str(), "--world-size", world];
+                if scheduled {
+                    args.extend(["--scheduler", "prefetch"]);
+                }
+                let (ok, text) = zerosched(&args);
+                let what = format!("{f} x{world} scheduled={scheduled}");
+                assert!(ok, "{what}: {text}");
+                let ranks = text
+                    .lines()
+                    .filter(|l| l.contains("peak memory per rank"))
+                    .map(|l| l.split(';').next().unwrap_or_default().matches(',').count() + 1);
+                for n in ranks {
+                    assert_eq!(n.to_string(), world, "{what}: {text}");
+                }
+                assert_eq!(
+                    text.contains("(simulator: peak"),
+                    scheduled,
+                    "{what}: {text}"
+                );
+                let line = loss_line(&text);
+                assert!(!line.is_empty(), "{what}: {text}");
+                match &first {
+                    None => first = Some(line),
+                    Some(l) => assert_eq!(&line, l, "{what}"),
+                }
+            }
+        }
+    }
+}
