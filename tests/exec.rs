@@ -1,6 +1,6 @@
-//! The CPU executor proves schedules with real numbers: every f32 fixture, forward and
-//! backward, original graph on one rank against the scheduled graph (every scheduler) on 2
-//! and 4 ranks with the same per-rank inputs.
+//! The CPU executor proves schedules with real numbers: every fixture (f32, and the bf16
+//! grouped-matmul MoE), programs and graphs alone, original graph on one rank against the
+//! scheduled graph (every scheduler) on 2 and 4 ranks with the same per-rank inputs.
 //!
 //! Equalities, all bitwise (gathering, keeping and reusing never change the order of any
 //! arithmetic, so no tolerance is needed anywhere):
@@ -10,9 +10,11 @@
 //!   parameter the original returns;
 //! - a gradient after reduce-scatter, reassembled over the ranks, equals the sum of the
 //!   original graph's gradients over the ranks' inputs, summed in rank order (as the reduction
-//!   sums);
+//!   sums); a forward-then-backward program compares the gradient of every parameter;
 //! - the measured peak of gathered-parameter bytes equals the simulator's `peak_gathered_bytes`
-//!   and the checker's `peak_gathered` for that schedule.
+//!   and the checker's `peak_gathered` for that schedule, and the measured total peak the
+//!   simulator's `peak_total_bytes` when collectives take no time (see
+//!   `dry_run_measures_the_simulated_peaks` for the timed case).
 
 use std::collections::BTreeSet;
 use zerosched::exec::cpu::{Cpu, Tensor, sum_in_rank_order};

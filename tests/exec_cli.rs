@@ -44,12 +44,22 @@ fn run_prints_outputs_and_peaks() {
     assert_eq!(loss_line(&plain), loss_line(&sched));
 }
 
+/// A graph with an op the CPU backend lacks (here `rsqrt` renamed to an op no backend has).
 #[test]
 fn run_refuses_ops_it_lacks_naming_the_node() {
-    let (ok, text) = zerosched(&["run", "tests/fixtures/qwen2_moe_fwd_0.json"]);
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama_fwd_0.json"),
+    )
+    .expect("fixture");
+    let edited = text.replacen("aten.rsqrt.default", "aten.frobnicate.default", 1);
+    assert_ne!(edited, text);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("unknown_op.json");
+    std::fs::write(&path, edited).expect("write");
+    let (ok, text) = zerosched(&["run", path.to_str().expect("utf-8")]);
     assert!(!ok);
     assert!(
-        text.contains("aten._grouped_mm.default") && text.contains("(node `"),
+        text.contains("aten.frobnicate.default") && text.contains("(node `rsqrt"),
         "{text}"
     );
 }

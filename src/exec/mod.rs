@@ -337,14 +337,14 @@ impl<'g> Plan<'g> {
                 sharded_input[p.node.index()] = !p.persistent && !persistent.contains(&p.name);
             }
         }
-        let returned = returned_classes(g, &aliases);
+        let returned = zerosched_passes::simulate::returned_classes(g, &aliases);
         // Frees: the simulator's rule, class by class.
         let mut free_lists: Vec<Vec<u32>> = vec![Vec::new(); bound];
         for (id, n) in g.nodes() {
             if aliases.class(id) != Some(id) {
                 continue;
             }
-            let held = returned[id.index()]
+            let held = returned[id]
                 || n.op == Op::GetAttr
                 || param[id.index()].is_some()
                 || matches!(comm[id.index()], Some(CommOp::AllGather | CommOp::Reuse));
@@ -428,30 +428,6 @@ fn csr<T: Copy>(lists: &[Vec<T>]) -> (Vec<u32>, Vec<T>) {
         start.push(flat.len() as u32);
     }
     (start, flat)
-}
-
-/// Classes whose storage the output returns, directly or through views (the simulator's rule).
-fn returned_classes(g: &Graph, aliases: &Aliases) -> Vec<bool> {
-    let mut returned = vec![false; g.node_bound()];
-    let mut seen = vec![false; g.node_bound()];
-    let Some(out) = g.output() else {
-        return returned;
-    };
-    let mut stack = g.inputs(out);
-    while let Some(v) = stack.pop() {
-        if std::mem::replace(&mut seen[v.index()], true) {
-            continue;
-        }
-        if let Some(c) = aliases.class(v) {
-            returned[c.index()] = true;
-        }
-        stack.extend(
-            g.inputs(v)
-                .into_iter()
-                .filter(|&u| !aliases.is_real_use(g, v, u)),
-        );
-    }
-    returned
 }
 
 /// Frees, on every rank, the classes whose last use is `id`.

@@ -143,9 +143,18 @@ fn grouped_t<T: LinalgScalar + Elem>(
     offs: Option<&[i64]>,
 ) -> Result<ndarray::ArrayD<T>, String> {
     let (x, y) = (T::get(a), T::get(b));
-    let need = |o: Option<&[i64]>| -> Result<Vec<i64>, String> {
-        o.map(<[i64]>::to_vec)
+    let need = || -> Result<Vec<i64>, String> {
+        offs.map(<[i64]>::to_vec)
             .ok_or_else(|| "group offsets are needed when an operand is 2-d".to_owned())
+    };
+    // One range per matrix of the 3-d operand.
+    let groups = |len: usize, g: usize| -> Result<Vec<(usize, usize)>, String> {
+        let ranges = group_ranges(&need()?, len)?;
+        if ranges.len() == g {
+            Ok(ranges)
+        } else {
+            Err(format!("{} group offsets for {g} matrices", ranges.len()))
+        }
     };
     let mismatch = || {
         format!(
@@ -165,10 +174,7 @@ fn grouped_t<T: LinalgScalar + Elem>(
             if x.ncols() != k {
                 return Err(mismatch());
             }
-            let ranges = group_ranges(&need(offs)?, x.nrows())?;
-            if ranges.len() != g {
-                return Err(format!("{} group offsets for {g} matrices", ranges.len()));
-            }
+            let ranges = groups(x.nrows(), g)?;
             let mut c = Array2::<T>::zeros((x.nrows(), n));
             for (i, &(lo, hi)) in ranges.iter().enumerate() {
                 mm(
@@ -186,10 +192,7 @@ fn grouped_t<T: LinalgScalar + Elem>(
             if y.nrows() != k {
                 return Err(mismatch());
             }
-            let ranges = group_ranges(&need(offs)?, y.ncols())?;
-            if ranges.len() != g {
-                return Err(format!("{} group offsets for {g} matrices", ranges.len()));
-            }
+            let ranges = groups(y.ncols(), g)?;
             let mut c = Array2::<T>::zeros((m, y.ncols()));
             for (i, &(lo, hi)) in ranges.iter().enumerate() {
                 mm(
@@ -206,7 +209,7 @@ fn grouped_t<T: LinalgScalar + Elem>(
             if x.ncols() != y.nrows() {
                 return Err(mismatch());
             }
-            let ranges = group_ranges(&need(offs)?, x.ncols())?;
+            let ranges = group_ranges(&need()?, x.ncols())?;
             let mut c = Array3::<T>::zeros((ranges.len(), x.nrows(), y.ncols()));
             for (i, &(lo, hi)) in ranges.iter().enumerate() {
                 mm(
