@@ -11,7 +11,8 @@ given in a safetensors file, and compare every output with torch's eager result:
   kernels and Rust's libm may differ in the last f32 bit, which can move a bf16 result that
   lies near a midpoint by one ulp);
 - reductions and matrix products: within one bf16 ulp of the largest magnitude among the
-  output's elements (both accumulate in f32, in different orders).
+  output's elements (both accumulate in f32, in different orders);
+- the MoE routing ops (sort, histc, the three layouts of _grouped_mm): bitwise.
 """
 
 from __future__ import annotations
@@ -121,3 +122,44 @@ def test_reductions_bf16_within_one_ulp_of_the_largest(tmp_path, k):
         scale = want.float().abs().max()
         ulp = 2.0 ** (torch.floor(torch.log2(scale)) - 7)
         assert (g.float() - want.float()).abs().max() <= ulp
+
+
+def routing(x, keys, counts_src, a2, b3, a3, b2, offs):
+    """The MoE routing ops: sort (stable ties), histc, and the three grouped-product layouts."""
+    v, i = torch.sort(keys, stable=True)
+    dv, di = torch.sort(keys, descending=True, stable=True)
+    return (
+        v,
+        i,
+        dv,
+        di,
+        torch.sort(x)[0],
+        torch.histc(counts_src, 4, 0, 3),
+        torch._grouped_mm(a2, b3, offs),
+        torch._grouped_mm(a3, b2, offs),
+        torch._grouped_mm(a2.t().contiguous(), a2, offs),
+    )
+
+
+def test_routing_ops_match_torch(tmp_path):
+    """sort, histc and _grouped_mm as torch computes them on the CPU: bitwise. The offsets
+    include an empty group and end at the full size (torch leaves rows past the last offset
+    uninitialized, so no comparison can cover them)."""
+    g = torch.Generator().manual_seed(6)
+    x = random_bf16(64, seed=7)
+    keys = torch.randint(0, 4, (64,), generator=g)
+    # Integer-valued floats, the range's ends, outside values.
+    counts_src = torch.tensor([0.0, 1, 2, 3, 3, 2.5, 0.75, -1, 4, 2.999])
+    offs = torch.tensor([16, 16, 40, 64], dtype=torch.int32)
+    a2 = random_bf16(64, 16, seed=8)
+    b3 = random_bf16(4, 16, 8, seed=9)
+    a3 = random_bf16(4, 8, 16, seed=10)
+    b2 = random_bf16(16, 64, seed=11)
+    inputs = [x, keys, counts_src, a2, b3, a3, b2, offs]
+    got = executor_outputs(routing, inputs, tmp_path, "bf16_routing_sort_histc_grouped_mm")
+    want = routing(*inputs)
+    assert len(got) == len(want)
+    for k, (gv, w) in enumerate(zip(got, want)):
+        assert gv.dtype == w.dtype, k
+        assert gv.shape == w.shape, k
+        assert torch.equal(gv, w), (k, gv, w)
