@@ -590,7 +590,7 @@ fn inputs_that_do_not_fit_are_refused() {
     };
     let (msg, err) = refuse(tokens, &t.reshape(&[t.numel()]).expect("flat"));
     assert!(
-        matches!(&err, ExecError::Input(InputError::Mismatch { field: "shape", input, .. }) if input == tokens),
+        matches!(&err, ExecError::Input(InputError::Mismatch(m)) if m.field == "shape" && m.input == *tokens),
         "{msg}"
     );
     assert!(
@@ -599,7 +599,7 @@ fn inputs_that_do_not_fit_are_refused() {
     );
     let (msg, err) = refuse(weight, &w.cast(zerosched_ir::Dtype::Float64).expect("cast"));
     assert!(
-        matches!(&err, ExecError::Input(InputError::Mismatch { field: "dtype", input, .. }) if input == weight),
+        matches!(&err, ExecError::Input(InputError::Mismatch(m)) if m.field == "dtype" && m.input == *weight),
         "{msg}"
     );
     assert!(msg.contains("float64") && msg.contains("float32"), "{msg}");

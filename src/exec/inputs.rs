@@ -39,20 +39,23 @@ pub struct Given {
 pub enum InputError {
     #[error("{file}: {message}")]
     File { file: String, message: String },
-    #[error(
-        "input `{input}` ({file}): {field}: the file has {found}, graph `{graph}` has {expected}"
-    )]
-    Mismatch {
-        input: String,
-        file: String,
-        graph: String,
-        /// `shape` or `dtype`.
-        field: &'static str,
-        found: String,
-        expected: String,
-    },
+    #[error(transparent)]
+    Mismatch(Box<Mismatch>),
     #[error("input `{input}` ({file}) names no placeholder or parameter of the program")]
     Unknown { input: String, file: String },
+}
+
+/// A given tensor whose shape or dtype is not its graph's.
+#[derive(Debug, thiserror::Error)]
+#[error("input `{input}` ({file}): {field}: the file has {found}, graph `{graph}` has {expected}")]
+pub struct Mismatch {
+    pub input: String,
+    pub file: String,
+    pub graph: String,
+    /// `shape` or `dtype`.
+    pub field: &'static str,
+    pub found: String,
+    pub expected: String,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -227,13 +230,15 @@ fn fits(
     shape: &[usize],
     dtype: Dtype,
 ) -> Result<(), InputError> {
-    let mismatch = |field, found: String, expected: String| InputError::Mismatch {
-        input: name.to_owned(),
-        file: t.file.clone(),
-        graph: graph.to_owned(),
-        field,
-        found,
-        expected,
+    let mismatch = |field, found: String, expected: String| {
+        InputError::Mismatch(Box::new(Mismatch {
+            input: name.to_owned(),
+            file: t.file.clone(),
+            graph: graph.to_owned(),
+            field,
+            found,
+            expected,
+        }))
     };
     if t.tensor.shape() != shape {
         return Err(mismatch(
