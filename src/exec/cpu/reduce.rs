@@ -1,6 +1,6 @@
-//! Reductions along dimensions: sum, mean, cumsum, (log-)softmax, topk, sort, histc. Sums run in the output
-//! dtype's compute type, one dimension at a time from the last listed, in ndarray's fixed
-//! order: the same data gives the same bits on every run.
+//! Reductions along dimensions: sum, mean, cumsum, (log-)softmax, topk, sort, histc. Sums run
+//! in the output dtype's compute type, one dimension at a time from the last listed, in
+//! ndarray's fixed order: the same data gives the same bits on every run.
 
 use super::tensor::{Data, Elem, Kind, Tensor, kind};
 use super::{Env, Value, flag, int, ints, norm_dim, number, one, out_dtype};
