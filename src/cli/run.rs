@@ -25,8 +25,9 @@ pub struct Args {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Inputs from `.npy` files: a file `NAME.npy`, or a directory of them (by placeholder or
-    /// parameter name); the rest are random.
+    /// Inputs by placeholder or parameter name: a `.safetensors` file, a file `NAME.npy`, or a
+    /// directory of `.npy` files; each must have its graph's shape and dtype. The rest are
+    /// random.
     #[arg(long)]
     inputs: Option<PathBuf>,
     /// Write rank 0's outputs (shape, dtype, values) as JSON.

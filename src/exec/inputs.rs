@@ -1,22 +1,62 @@
 //! Graph inputs: seeded random tensors of the metadata's shapes and dtypes, integer inputs in
-//! the ranges their consumers accept, or real tensors from `.npy` files.
+//! the ranges their consumers accept, or real tensors from files (`--inputs`): a safetensors
+//! file (every tensor in it, by name), a `NAME.npy` file, or a directory of `.npy` files. A
+//! tensor from a file gives the placeholder or parameter of its name; before anything runs,
+//! every one is checked against the program (a name nothing in it has, or a shape or dtype
+//! other than the graph's, is an [`InputError`] naming input, graph and field); inputs no file
+//! gives are random.
 //!
 //! Every tensor is drawn from its own SplitMix64 stream (tiny, fast even in debug builds, and
-//! the same on every machine), seeded by `--seed`, the input's name and the rank's data stream, so the same input gets the same data whichever graph (original or
-//! scheduled) asks for it. Parameters are seeded by their fully qualified name and are the
+//! the same on every machine), seeded by `--seed`, the input's name and the rank's data
+//! stream, so the same input gets the same data whichever graph (original or scheduled) asks
+//! for it. Parameters are seeded by their fully qualified name and are the
 //! same on every rank (each rank then keeps its shard); other inputs (token ids, activations)
 //! differ per rank, as a data-parallel batch does.
 //!
 //! Ranges: floats uniform in [-1, 1) (parameters in [-0.1, 0.1)); `bool` fair coins; integers
 //! in [0, bound) where `bound` is the smallest size any consumer indexes with the value
 //! (`embedding`'s table rows, `index`/`index_put`'s indexed dimension, `gather`/`scatter`'s
-//! `dim`), followed through views; 2 when no consumer bounds it.
+//! `dim`), followed through views; 2 when no consumer bounds it. Group offsets of a grouped
+//! matrix product are drawn sorted in [0, size of the dimension they split], as cumulative
+//! group ends are.
 
 use super::cpu::Tensor;
 use ndarray::{ArrayD, IxDyn};
 use std::collections::BTreeMap;
 use std::path::Path;
-use zerosched_ir::{Arg, Dim, Dtype, Graph, NodeId, Param, TensorMeta, Val};
+use zerosched_ir::{Arg, Dim, Dtype, Graph, NodeId, Op, Param, Program, TensorMeta, Val};
+
+/// A tensor given in a file.
+#[derive(Clone, Debug)]
+pub struct Given {
+    pub tensor: Tensor,
+    /// The file it came from (for messages).
+    pub file: String,
+}
+
+/// A file of inputs that cannot be read, or a tensor in it that does not fit the program.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("{file}: {message}")]
+    File { file: String, message: String },
+    #[error(transparent)]
+    Mismatch(Box<Mismatch>),
+    #[error("input `{input}` ({file}) names no placeholder or parameter of the program")]
+    Unknown { input: String, file: String },
+}
+
+/// A given tensor whose shape or dtype is not its graph's.
+#[derive(Debug, thiserror::Error)]
+#[error("input `{input}` ({file}): {field}: the file has {found}, graph `{graph}` has {expected}")]
+pub struct Mismatch {
+    pub input: String,
+    pub file: String,
+    pub graph: String,
+    /// `shape` or `dtype`.
+    pub field: &'static str,
+    pub found: String,
+    pub expected: String,
+}
 
 #[derive(Clone, Debug, Default)]
 pub struct Inputs {
@@ -25,7 +65,7 @@ pub struct Inputs {
     /// of rank r's data sets `[r]`.
     pub data_streams: Option<Vec<u32>>,
     /// Tensors given by name (placeholder name or parameter name), from `--inputs`.
-    pub given: BTreeMap<String, Tensor>,
+    pub given: BTreeMap<String, Given>,
 }
 
 /// FNV-1a: a stable hash of a name (no random state).
@@ -64,11 +104,12 @@ impl Inputs {
     }
 
     /// A parameter's full value.
-    pub fn param(&self, p: &Param) -> Result<Tensor, String> {
-        if let Some(t) = self.given.get(&p.name) {
-            return t.cast(p.dtype);
-        }
+    pub fn param(&self, g: &Graph, p: &Param) -> Result<Tensor, String> {
         let shape: Vec<usize> = p.shape.iter().map(Dim::hint).map(|d| d as usize).collect();
+        if let Some(t) = self.given.get(&p.name) {
+            fits(&p.name, t, g.label(), &shape, p.dtype).map_err(|e| e.to_string())?;
+            return Ok(t.tensor.clone());
+        }
         let mut rng = self.rng(&p.name, u64::MAX);
         random(&mut rng, &shape, p.dtype, 0.1, 2)
     }
@@ -80,31 +121,52 @@ impl Inputs {
             return Err(format!("placeholder `{}` has no tensor metadata", n.name));
         };
         if let Some(t) = self.given.get(&n.name) {
-            if t.shape() != shape_of(meta).as_slice() {
-                return Err(format!(
-                    "input `{}`: the file has shape {:?}, the graph {:?}",
-                    n.name,
-                    t.shape(),
-                    shape_of(meta)
-                ));
-            }
-            return t.cast(meta.dtype);
+            fits(&n.name, t, g.label(), &shape_of(meta), meta.dtype).map_err(|e| e.to_string())?;
+            return Ok(t.tensor.clone());
         }
-        let bound = if meta.dtype.is_floating() || meta.dtype == Dtype::Bool {
-            2
-        } else {
-            int_bound(g, id).unwrap_or(2)
-        };
         let mut rng = self.rng(&n.name, self.stream(rank));
-        random(&mut rng, &shape_of(meta), meta.dtype, 1.0, bound)
+        let shape = shape_of(meta);
+        if meta.dtype.is_floating() || meta.dtype == Dtype::Bool {
+            return random(&mut rng, &shape, meta.dtype, 1.0, 2);
+        }
+        if let Some(end) = group_end(g, id) {
+            // Group offsets: cumulative ends, so non-decreasing within [0, end].
+            let mut t = random(&mut rng, &shape, meta.dtype, 1.0, end.saturating_add(1))?;
+            if let super::cpu::tensor::Data::I64(a) = &mut t.data {
+                let mut v: Vec<i64> = a.iter().copied().collect();
+                v.sort_unstable();
+                *a = ArrayD::from_shape_vec(IxDyn(&shape), v)
+                    .map_err(|e| e.to_string())?
+                    .into_shared();
+            }
+            return Ok(t);
+        }
+        random(
+            &mut rng,
+            &shape,
+            meta.dtype,
+            1.0,
+            int_bound(g, id).unwrap_or(2),
+        )
     }
 
-    /// Reads `.npy` files: a file `NAME.npy` gives the input (placeholder or parameter) `NAME`;
-    /// a directory gives every `.npy` in it. f32, f64 and i64 arrays.
-    pub fn load(&mut self, path: &Path) -> Result<(), String> {
+    /// Reads the tensors of `path`: a `.safetensors` file (every tensor, by its name), a file
+    /// `NAME.npy` (the input `NAME`), or a directory (every `.npy` in it).
+    pub fn load(&mut self, path: &Path) -> Result<(), InputError> {
+        let file_err = |f: &Path, message: String| InputError::File {
+            file: f.display().to_string(),
+            message,
+        };
+        if path.extension().is_some_and(|x| x == "safetensors") {
+            for (name, tensor) in read_safetensors(path).map_err(|m| file_err(path, m))? {
+                let file = path.display().to_string();
+                self.given.insert(name, Given { tensor, file });
+            }
+            return Ok(());
+        }
         let files: Vec<std::path::PathBuf> = if path.is_dir() {
             let mut v: Vec<_> = std::fs::read_dir(path)
-                .map_err(|e| format!("{}: {e}", path.display()))?
+                .map_err(|e| file_err(path, e.to_string()))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|x| x == "npy"))
                 .collect();
@@ -117,39 +179,212 @@ impl Inputs {
             let name = f
                 .file_stem()
                 .and_then(|s| s.to_str())
-                .ok_or_else(|| format!("{}: no name", f.display()))?
+                .ok_or_else(|| file_err(&f, "no name".into()))?
                 .to_owned();
-            let t = read_npy(&f)?;
-            self.given.insert(name, t);
+            let tensor = read_npy(&f).map_err(|m| file_err(&f, m))?;
+            let file = f.display().to_string();
+            self.given.insert(name, Given { tensor, file });
+        }
+        Ok(())
+    }
+
+    /// Checks every given tensor against the program: it names a placeholder or parameter of
+    /// some graph, with that graph's shape and dtype.
+    pub fn check(&self, p: &Program) -> Result<(), InputError> {
+        for (name, t) in &self.given {
+            let mut found = false;
+            for g in &p.graphs {
+                for pa in g.params.iter().filter(|pa| &pa.name == name) {
+                    let shape: Vec<usize> = pa.shape.iter().map(|d| d.hint() as usize).collect();
+                    fits(name, t, g.label(), &shape, pa.dtype)?;
+                    found = true;
+                }
+                let Some(id) = g.node_by_name(name) else {
+                    continue;
+                };
+                let n = g.node(id);
+                if n.op != Op::Placeholder || g.param_of(id).is_some() {
+                    continue;
+                }
+                if let Some(Val::Tensor(meta)) = &n.meta.val {
+                    fits(name, t, g.label(), &shape_of(meta), meta.dtype)?;
+                    found = true;
+                }
+            }
+            if !found {
+                return Err(InputError::Unknown {
+                    input: name.clone(),
+                    file: t.file.clone(),
+                });
+            }
         }
         Ok(())
     }
 }
 
+/// Whether a given tensor has the shape and dtype the graph declares.
+fn fits(
+    name: &str,
+    t: &Given,
+    graph: &str,
+    shape: &[usize],
+    dtype: Dtype,
+) -> Result<(), InputError> {
+    let mismatch = |field, found: String, expected: String| {
+        InputError::Mismatch(Box::new(Mismatch {
+            input: name.to_owned(),
+            file: t.file.clone(),
+            graph: graph.to_owned(),
+            field,
+            found,
+            expected,
+        }))
+    };
+    if t.tensor.shape() != shape {
+        return Err(mismatch(
+            "shape",
+            format!("{:?}", t.tensor.shape()),
+            format!("{shape:?}"),
+        ));
+    }
+    if t.tensor.dtype != dtype {
+        return Err(mismatch(
+            "dtype",
+            t.tensor.dtype.to_string(),
+            dtype.to_string(),
+        ));
+    }
+    Ok(())
+}
+
 fn read_npy(f: &Path) -> Result<Tensor, String> {
     use super::cpu::tensor::Data;
     use ndarray_npy::ReadNpyExt;
-    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", f.display());
-    let bytes = std::fs::read(f).map_err(|e| err(&e))?;
-    if let Ok(a) = ArrayD::<f32>::read_npy(bytes.as_slice()) {
+    let bytes = std::fs::read(f).map_err(|e| e.to_string())?;
+    let b = bytes.as_slice();
+    if let Ok(a) = ArrayD::<f32>::read_npy(b) {
         return Ok(Tensor {
             dtype: Dtype::Float32,
             data: Data::F32(a.into_shared()),
         });
     }
-    if let Ok(a) = ArrayD::<f64>::read_npy(bytes.as_slice()) {
+    if let Ok(a) = ArrayD::<f64>::read_npy(b) {
         return Ok(Tensor {
             dtype: Dtype::Float64,
             data: Data::F64(a.into_shared()),
         });
     }
-    match ArrayD::<i64>::read_npy(bytes.as_slice()) {
+    if let Ok(a) = ArrayD::<i32>::read_npy(b) {
+        return Ok(Tensor {
+            dtype: Dtype::Int32,
+            data: Data::I64(a.mapv(i64::from).into_shared()),
+        });
+    }
+    if let Ok(a) = ArrayD::<bool>::read_npy(b) {
+        return Ok(Tensor {
+            dtype: Dtype::Bool,
+            data: Data::Bool(a.into_shared()),
+        });
+    }
+    match ArrayD::<i64>::read_npy(b) {
         Ok(a) => Ok(Tensor {
             dtype: Dtype::Int64,
             data: Data::I64(a.into_shared()),
         }),
-        Err(e) => Err(err(&format!("not an f32, f64 or i64 array: {e}"))),
+        Err(e) => Err(format!(
+            "not a float32, float64, int64, int32 or bool array: {e}"
+        )),
     }
+}
+
+/// Every tensor of a safetensors file, by name (little-endian data, as the format stores it).
+fn read_safetensors(f: &Path) -> Result<Vec<(String, Tensor)>, String> {
+    let bytes = std::fs::read(f).map_err(|e| e.to_string())?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| e.to_string())?;
+    st.iter()
+        .map(|(name, v)| {
+            decode(v.dtype(), v.shape(), v.data())
+                .map(|t| (name.to_owned(), t))
+                .map_err(|m| format!("tensor `{name}`: {m}"))
+        })
+        .collect()
+}
+
+/// A safetensors tensor's bytes as a CPU tensor of the matching dtype.
+fn decode(dtype: safetensors::Dtype, shape: &[usize], data: &[u8]) -> Result<Tensor, String> {
+    use super::cpu::tensor::Data;
+    use safetensors::Dtype as S;
+    fn le<const W: usize>(c: &[u8]) -> [u8; W] {
+        let mut b = [0; W];
+        b.copy_from_slice(c);
+        b
+    }
+    fn arr<T: Clone>(shape: &[usize], v: Vec<T>) -> Result<super::cpu::tensor::Arr<T>, String> {
+        ArrayD::from_shape_vec(IxDyn(shape), v)
+            .map(ArrayD::into_shared)
+            .map_err(|e| e.to_string())
+    }
+    let (dt, width) = match dtype {
+        S::F64 => (Dtype::Float64, 8),
+        S::F32 => (Dtype::Float32, 4),
+        S::BF16 => (Dtype::BFloat16, 2),
+        S::F16 => (Dtype::Float16, 2),
+        S::I64 => (Dtype::Int64, 8),
+        S::I32 => (Dtype::Int32, 4),
+        S::U32 => (Dtype::UInt32, 4),
+        S::I16 => (Dtype::Int16, 2),
+        S::U16 => (Dtype::UInt16, 2),
+        S::I8 => (Dtype::Int8, 1),
+        S::U8 => (Dtype::UInt8, 1),
+        S::BOOL => (Dtype::Bool, 1),
+        other => return Err(format!("dtype {other} is not supported")),
+    };
+    let n: usize = shape.iter().product();
+    if data.len() != n * width {
+        return Err(format!(
+            "{} bytes for {n} elements of {width} bytes",
+            data.len()
+        ));
+    }
+    let c = data.chunks_exact(width);
+    let data = match dt {
+        Dtype::Float64 => Data::F64(arr(shape, c.map(|b| f64::from_le_bytes(le(b))).collect())?),
+        Dtype::Float32 => Data::F32(arr(shape, c.map(|b| f32::from_le_bytes(le(b))).collect())?),
+        Dtype::BFloat16 => Data::F32(arr(
+            shape,
+            c.map(|b| half::bf16::from_le_bytes(le(b)).to_f32())
+                .collect(),
+        )?),
+        Dtype::Float16 => Data::F32(arr(
+            shape,
+            c.map(|b| half::f16::from_le_bytes(le(b)).to_f32())
+                .collect(),
+        )?),
+        Dtype::Int64 => Data::I64(arr(shape, c.map(|b| i64::from_le_bytes(le(b))).collect())?),
+        Dtype::Int32 => Data::I64(arr(
+            shape,
+            c.map(|b| i64::from(i32::from_le_bytes(le(b)))).collect(),
+        )?),
+        Dtype::UInt32 => Data::I64(arr(
+            shape,
+            c.map(|b| i64::from(u32::from_le_bytes(le(b)))).collect(),
+        )?),
+        Dtype::Int16 => Data::I64(arr(
+            shape,
+            c.map(|b| i64::from(i16::from_le_bytes(le(b)))).collect(),
+        )?),
+        Dtype::UInt16 => Data::I64(arr(
+            shape,
+            c.map(|b| i64::from(u16::from_le_bytes(le(b)))).collect(),
+        )?),
+        Dtype::Int8 => Data::I64(arr(
+            shape,
+            c.map(|b| i64::from(i8::from_le_bytes(le(b)))).collect(),
+        )?),
+        Dtype::UInt8 => Data::I64(arr(shape, c.map(|b| i64::from(b[0])).collect())?),
+        _ => Data::Bool(arr(shape, c.map(|b| b[0] != 0).collect())?),
+    };
+    Ok(Tensor { dtype: dt, data })
 }
 
 fn random(
@@ -184,9 +419,9 @@ fn dim_size(g: &Graph, a: Option<&Arg<NodeId>>, dim: i64) -> Option<i64> {
         .map(|s| s.hint() as i64)
 }
 
-/// The smallest size any consumer indexes with `id`'s values, followed through views.
-pub fn int_bound(g: &Graph, id: NodeId) -> Option<i64> {
-    let mut best: Option<i64> = None;
+/// The nodes that read `id`'s values, followed through views: (reader, the value it reads).
+fn readers(g: &Graph, id: NodeId) -> Vec<(NodeId, NodeId)> {
+    let mut out = Vec::new();
     let mut stack = vec![id];
     let mut seen = std::collections::BTreeSet::new();
     while let Some(v) = stack.pop() {
@@ -194,13 +429,29 @@ pub fn int_bound(g: &Graph, id: NodeId) -> Option<i64> {
             continue;
         }
         for u in g.users(v) {
+            let t = g.node(u).target.as_str();
+            if zerosched_ir::aten::is_view(t) || t == "aten.clone.default" {
+                stack.push(u);
+            } else {
+                out.push((u, v));
+            }
+        }
+    }
+    out
+}
+
+/// The smallest size any consumer indexes with `id`'s values, followed through views.
+pub fn int_bound(g: &Graph, id: NodeId) -> Option<i64> {
+    readers(g, id)
+        .into_iter()
+        .filter_map(|(u, v)| {
             let n = g.node(u);
             let is = |a: Option<&Arg<NodeId>>| a.and_then(Arg::as_node) == Some(&v);
             let position_in = |a: Option<&Arg<NodeId>>| {
                 a.and_then(Arg::as_list)
                     .and_then(|l| l.iter().position(|x| x.as_node() == Some(&v)))
             };
-            let bound = match n.target.as_str() {
+            match n.target.as_str() {
                 "aten.embedding.default" if is(n.args.get(1)) => dim_size(g, n.args.first(), 0),
                 "aten.index.Tensor" | "aten.index_put.default" => {
                     position_in(n.args.get(1)).and_then(|k| dim_size(g, n.args.first(), k as i64))
@@ -213,18 +464,37 @@ pub fn int_bound(g: &Graph, id: NodeId) -> Option<i64> {
                         .and_then(Arg::as_int)
                         .and_then(|d| dim_size(g, n.args.first(), d))
                 }
-                t if zerosched_ir::aten::is_view(t) || t == "aten.clone.default" => {
-                    stack.push(u);
-                    None
-                }
                 _ => None,
-            };
-            if let Some(b) = bound {
-                best = Some(best.map_or(b, |x: i64| x.min(b)));
             }
+        })
+        .min()
+}
+
+/// When `id` gives a grouped matrix product its group offsets: the size of the dimension they
+/// split (rows of a 2-d first operand against a 3-d second, columns of a 2-d second against a
+/// 3-d first, the contraction dimension of two 2-d operands).
+pub fn group_end(g: &Graph, id: NodeId) -> Option<i64> {
+    readers(g, id).into_iter().find_map(|(u, v)| {
+        let n = g.node(u);
+        let offs = n.args.get(2).or_else(|| n.kwargs.get("offs"));
+        if n.target != "aten._grouped_mm.default" || offs.and_then(Arg::as_node) != Some(&v) {
+            return None;
         }
-    }
-    best
+        let rank = |a: Option<&Arg<NodeId>>| match a
+            .and_then(Arg::as_node)
+            .map(|&x| &g.node(x).meta.val)
+        {
+            Some(Some(Val::Tensor(t))) => Some(t.shape.len()),
+            _ => None,
+        };
+        let (a, b) = (n.args.first(), n.args.get(1));
+        match (rank(a)?, rank(b)?) {
+            (2, 3) => dim_size(g, a, 0),
+            (3, 2) => dim_size(g, b, 1),
+            (2, 2) => dim_size(g, a, 1),
+            _ => None,
+        }
+    })
 }
 
 /// SplitMix64 (Steele, Lea and Flood 2014): a 64-bit state, one multiply-xorshift per draw.

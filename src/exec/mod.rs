@@ -7,7 +7,8 @@
 //! - **Liveness.** Each value lives in the storage of its alias class (`passes::alias`); a
 //!   class is allocated when its allocating node runs and freed right after its last real use
 //!   (`passes::liveness::LastUses` on the graph's own order), exactly as the simulator counts
-//!   it. Graph inputs are allocated at the start; parameters, attributes, gathered buffers and
+//!   it. Graph inputs are allocated at the start (one that nothing reads is freed at its place
+//!   in the order); parameters, attributes, gathered buffers and
 //!   whatever the output returns stay to the end of the graph.
 //! - **ZeRO-3 ops with real data.** A sharded parameter's placeholder holds the rank's shard
 //!   (flattened, padded to a multiple of N, one N-th). `allgather` concatenates every rank's
@@ -169,6 +170,8 @@ pub enum ExecError {
     },
     #[error(transparent)]
     UseAfterFree(Box<UseAfterFree>),
+    #[error(transparent)]
+    Input(#[from] inputs::InputError),
     #[error("graph `{graph}`, node `{node}` (`{target}`): {message}")]
     Node {
         graph: String,
@@ -334,14 +337,14 @@ impl<'g> Plan<'g> {
                 sharded_input[p.node.index()] = !p.persistent && !persistent.contains(&p.name);
             }
         }
-        let returned = returned_classes(g, &aliases);
+        let returned = zerosched_passes::simulate::returned_classes(g, &aliases);
         // Frees: the simulator's rule, class by class.
         let mut free_lists: Vec<Vec<u32>> = vec![Vec::new(); bound];
         for (id, n) in g.nodes() {
             if aliases.class(id) != Some(id) {
                 continue;
             }
-            let held = returned[id.index()]
+            let held = returned[id]
                 || n.op == Op::GetAttr
                 || param[id.index()].is_some()
                 || matches!(comm[id.index()], Some(CommOp::AllGather | CommOp::Reuse));
@@ -427,28 +430,20 @@ fn csr<T: Copy>(lists: &[Vec<T>]) -> (Vec<u32>, Vec<T>) {
     (start, flat)
 }
 
-/// Classes whose storage the output returns, directly or through views (the simulator's rule).
-fn returned_classes(g: &Graph, aliases: &Aliases) -> Vec<bool> {
-    let mut returned = vec![false; g.node_bound()];
-    let mut seen = vec![false; g.node_bound()];
-    let Some(out) = g.output() else {
-        return returned;
-    };
-    let mut stack = g.inputs(out);
-    while let Some(v) = stack.pop() {
-        if std::mem::replace(&mut seen[v.index()], true) {
-            continue;
+/// Frees, on every rank, the classes whose last use is `id`.
+fn free_after<T>(plan: &Plan<'_>, ranks: &mut [Rank<T>], id: NodeId) {
+    for &c in plan.frees_after(id.index()) {
+        let c = c as usize;
+        for rk in ranks.iter_mut() {
+            if rk.state[c] == State::Live {
+                rk.state[c] = State::Freed(id);
+                rk.counter.free(rk.bytes[c], false);
+                for &m in plan.members_of(c) {
+                    rk.values[m as usize] = Value::Dead;
+                }
+            }
         }
-        if let Some(c) = aliases.class(v) {
-            returned[c.index()] = true;
-        }
-        stack.extend(
-            g.inputs(v)
-                .into_iter()
-                .filter(|&u| !aliases.is_real_use(g, v, u)),
-        );
     }
-    returned
 }
 
 /// One rank's tables while a graph runs.
@@ -593,6 +588,8 @@ impl<B: Backend> Executor<B> {
             let i = id.index();
             let n = g.node(id);
             if matches!(n.op, Op::Placeholder | Op::GetAttr) {
+                // An input that nothing reads is freed at its place in the order.
+                free_after(plan, &mut ranks, id);
                 continue;
             }
             // Every read is of live storage; a view of freed storage is itself dead.
@@ -776,18 +773,7 @@ impl<B: Backend> Executor<B> {
                     }
                 }
             }
-            for &c in plan.frees_after(i) {
-                let c = c as usize;
-                for rk in &mut ranks {
-                    if rk.state[c] == State::Live {
-                        rk.state[c] = State::Freed(id);
-                        rk.counter.free(rk.bytes[c], false);
-                        for &m in plan.members_of(c) {
-                            rk.values[m as usize] = Value::Dead;
-                        }
-                    }
-                }
-            }
+            free_after(plan, &mut ranks, id);
         }
         Ok(GraphRun {
             graph,

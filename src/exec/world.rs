@@ -46,7 +46,7 @@ impl<B: Backend> Feed<B> for ProgramFeed<'_, B> {
             }
             let meta = TensorMeta::new(p.shape.clone(), p.dtype);
             let inputs = self.inputs;
-            let t = b.input(&meta, &mut || inputs.param(p))?;
+            let t = b.input(&meta, &mut || inputs.param(g, p))?;
             self.params.insert(p.name.clone(), t.clone());
             return Ok(t);
         }
@@ -82,6 +82,7 @@ pub fn run_program<B: Backend>(
     inputs: &Inputs,
 ) -> Result<ProgramRun<B::Tensor>, ExecError> {
     exec.check_supported(p)?;
+    inputs.check(p)?;
     let persistent = persistent(p);
     let plans: Vec<Plan<'_>> = p.graphs.iter().map(|g| Plan::new(g, &persistent)).collect();
     run_plans(exec, &plans, inputs)

@@ -541,7 +541,8 @@ fn storage_bytes(
 
 /// Classes whose storage the output returns, directly or through views (`end_backward` and
 /// its `getitem`s view every reduction, though alias analysis files them under the first).
-fn returned_classes(g: &Graph, aliases: &Aliases) -> SideTable<bool> {
+/// The executor holds the same classes to the end of the graph.
+pub fn returned_classes(g: &Graph, aliases: &Aliases) -> SideTable<bool> {
     let mut returned = SideTable::new(g, false);
     let mut seen = SideTable::new(g, false);
     let Some(out) = g.output() else {

@@ -1,4 +1,4 @@
-//! The CPU reference backend: every aten op of the f32 fixtures (docs/export.md), in f32 and
+//! The CPU reference backend: every aten op of the fixtures (docs/export.md), in f32 and
 //! f64 (bf16/f16 computed in f32 and rounded once per op: see [`tensor`]), over ndarray with
 //! matrixmultiply's GEMM. One file per op family; [`kernel`] is the dispatch table, and
 //! [`Cpu::supports`] answers from it so that a graph with an op it lacks is refused, naming
@@ -71,12 +71,15 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten._softmax.default" => reduce::softmax,
         "aten._log_softmax.default" => reduce::log_softmax,
         "aten.topk.default" => reduce::topk,
+        "aten.sort.default" | "aten.sort.stable" => reduce::sort,
+        "aten.histc.default" => reduce::histc,
         "aten.native_layer_norm.default" => nn::layer_norm,
         "aten._scaled_dot_product_flash_attention_for_cpu.default" => nn::sdpa,
         "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" => nn::sdpa_backward,
         "aten.mm.default" => linalg::mm,
         "aten.bmm.default" => linalg::bmm,
         "aten.addmm.default" => linalg::addmm,
+        "aten._grouped_mm.default" => linalg::grouped_mm,
         "aten.embedding.default" => index::embedding,
         "aten.index.Tensor" => index::index,
         "aten.index_put.default" => index::index_put,

@@ -1,10 +1,10 @@
-//! Reductions along dimensions: sum, mean, cumsum, (log-)softmax, topk. Sums run in the output
-//! dtype's compute type, one dimension at a time from the last listed, in ndarray's fixed
-//! order: the same data gives the same bits on every run.
+//! Reductions along dimensions: sum, mean, cumsum, (log-)softmax, topk, sort, histc. Sums run
+//! in the output dtype's compute type, one dimension at a time from the last listed, in
+//! ndarray's fixed order: the same data gives the same bits on every run.
 
-use super::tensor::{Elem, Kind, Tensor, kind};
-use super::{Env, Value, flag, int, ints, norm_dim, one, out_dtype};
-use ndarray::{ArrayD, Axis, IxDyn, Zip};
+use super::tensor::{Data, Elem, Kind, Tensor, kind};
+use super::{Env, Value, flag, int, ints, norm_dim, number, one, out_dtype};
+use ndarray::{ArrayD, ArrayView1, Axis, IxDyn, Zip};
 use zerosched_ir::{Arg, Dtype};
 
 fn dims_of(a: Option<&Arg<zerosched_ir::NodeId>>, rank: usize) -> Result<Vec<usize>, String> {
@@ -133,6 +133,23 @@ pub fn log_softmax(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     softmax_impl(env, true)
 }
 
+/// A lane's positions in sorted order, NaN largest (as torch sorts), ties by position (a
+/// stable sort).
+fn sorted_order<T: PartialOrd + Copy>(lane: ArrayView1<'_, T>, descending: bool) -> Vec<usize> {
+    #[allow(clippy::eq_op)] // `x != x` is the generic NaN test
+    let nan = |x: T| x != x;
+    let mut order: Vec<usize> = (0..lane.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (x, y) = (lane[a], lane[b]);
+        let c = match x.partial_cmp(&y) {
+            Some(c) => c,
+            None => nan(x).cmp(&nan(y)),
+        };
+        if descending { c.reverse() } else { c }
+    });
+    order
+}
+
 /// `topk(x, k, dim=-1, largest=True, sorted=True)`: values and int64 indices; ties keep the
 /// lower index first (a stable sort), NaN counts as largest.
 pub fn topk(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
@@ -149,34 +166,140 @@ pub fn topk(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     if k > t.shape()[d] {
         return Err(format!("topk: k = {k} > {}", t.shape()[d]));
     }
-    let mut shape = t.shape().to_vec();
-    shape[d] = k;
-    let x = f64::get(t);
-    let mut vals = ArrayD::<f64>::zeros(IxDyn(&shape));
-    let mut idx = ArrayD::<i64>::zeros(IxDyn(&shape));
-    Zip::from(vals.lanes_mut(Axis(d)))
-        .and(idx.lanes_mut(Axis(d)))
-        .and(x.lanes(Axis(d)))
-        .for_each(|mut v, mut ix, src| {
-            let mut order: Vec<usize> = (0..src.len()).collect();
-            let key = |i: usize| src[i];
-            order.sort_by(|&a, &b| {
-                let (x, y) = (key(a), key(b));
-                let c = if x.is_nan() || y.is_nan() {
-                    y.is_nan().cmp(&x.is_nan()).reverse()
-                } else {
-                    x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal)
-                };
-                if largest { c.reverse() } else { c }
-            });
-            for (j, &o) in order.iter().take(k).enumerate() {
-                v[j] = src[o];
-                ix[j] = o as i64;
-            }
-        });
     let vd = env.out_meta_k(0).map_or(t.dtype, |m| m.dtype);
+    select_sorted(t, d, k, largest, vd)
+}
+
+/// `sort(x, dim=-1, descending=False)` and `sort.stable(x, *, stable, dim, descending)`:
+/// values and int64 indices, NaN largest. Ties keep their input order in both overloads:
+/// torch's unstable CPU sort may order equal keys otherwise, which permutes only positions
+/// whose keys are equal.
+pub fn sort(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = env.tensor(env.arg(0)?)?;
+    let rank = t.shape().len();
+    let stable_overload = env.node().target == "aten.sort.stable";
+    let (dim_at, desc_at) = if stable_overload {
+        (usize::MAX, usize::MAX)
+    } else {
+        (1, 2)
+    };
+    let d = norm_dim(
+        env.arg_or_kw(dim_at, "dim")
+            .and_then(|a| a.as_int())
+            .unwrap_or(-1),
+        rank,
+    )?;
+    let descending = flag(env.arg_or_kw(desc_at, "descending"), false);
+    let n = t.shape().get(d).copied().unwrap_or(1);
+    let vd = env.out_meta_k(0).map_or(t.dtype, |m| m.dtype);
+    select_sorted(t, d, n, descending, vd)
+}
+
+/// The first `k` of each lane along `d` in sorted order: (values as `vd`, int64 indices).
+fn select_sorted(
+    t: &Tensor,
+    d: usize,
+    k: usize,
+    descending: bool,
+    vd: Dtype,
+) -> Result<Value<Tensor>, String> {
+    fn go<T: Elem>(
+        x: &super::tensor::Arr<T>,
+        d: usize,
+        k: usize,
+        descending: bool,
+        vd: Dtype,
+    ) -> Result<(Tensor, ArrayD<i64>), String> {
+        let mut shape = x.shape().to_vec();
+        if let Some(s) = shape.get_mut(d) {
+            *s = k;
+        }
+        let mut vals = ArrayD::<T>::from_elem(IxDyn(&shape), T::elem_zero());
+        let mut idx = ArrayD::<i64>::zeros(IxDyn(&shape));
+        Zip::from(vals.lanes_mut(Axis(d)))
+            .and(idx.lanes_mut(Axis(d)))
+            .and(x.lanes(Axis(d)))
+            .for_each(|mut v, mut ix, src| {
+                for (j, &o) in sorted_order(src, descending).iter().take(k).enumerate() {
+                    v[j] = src[o];
+                    ix[j] = o as i64;
+                }
+            });
+        Ok((T::wrap(vals, vd)?, idx))
+    }
+    if t.shape().is_empty() {
+        // A 0-d tensor sorts as itself.
+        return Ok(Value::List(vec![
+            Some(t.cast(vd)?),
+            Some(Tensor::scalar(0.0, Dtype::Int64)?),
+        ]));
+    }
+    let (vals, idx) = match &t.data {
+        Data::F32(a) => go(a, d, k, descending, vd)?,
+        Data::F64(a) => go(a, d, k, descending, vd)?,
+        Data::I64(a) => go(a, d, k, descending, vd)?,
+        Data::Bool(a) => go(a, d, k, descending, vd)?,
+    };
     Ok(Value::List(vec![
-        Some(f64::wrap(vals, vd)?),
+        Some(vals),
         Some(i64::wrap(idx, Dtype::Int64)?),
     ]))
+}
+
+/// `histc(x, bins=100, min=0, max=0)`: counts of `bins` equal-width bins over `[min, max]`
+/// (the data's range when `min == max`, an error if that is not finite; widened by one each
+/// way when it is a single value), in the input's dtype. As torch's CPU kernel: the bin is
+/// `trunc((x - min) * bins / (max - min))` in the input's compute type, `x == max` falls in
+/// the last bin, values outside the range and NaN are not counted.
+pub fn histc(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = env.tensor(env.arg(0)?)?;
+    let bins = env.arg_or_kw(1, "bins").map_or(Ok(100), int)?;
+    let bins = usize::try_from(bins)
+        .ok()
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("histc: bins must be > 0, got {bins}"))?;
+    let lim = |i: usize, name: &str| env.arg_or_kw(i, name).and_then(number).unwrap_or(0.0);
+    let (lo, hi) = (lim(2, "min"), lim(3, "max"));
+    if lo > hi {
+        return Err(format!("histc: max ({hi}) must be at least min ({lo})"));
+    }
+    let dt = out_dtype(env, t.dtype);
+    macro_rules! go {
+        ($T:ty) => {{
+            let x = <$T>::get(t);
+            let (mut lo, mut hi) = (lo as $T, hi as $T);
+            if lo == hi && !x.is_empty() {
+                lo = x.iter().copied().fold(<$T>::INFINITY, <$T>::min);
+                hi = x.iter().copied().fold(<$T>::NEG_INFINITY, <$T>::max);
+                if x.iter().any(|v| v.is_nan()) || !lo.is_finite() || !hi.is_finite() {
+                    return Err(format!("histc: range of [{lo}, {hi}] is not finite"));
+                }
+            }
+            if lo == hi {
+                lo -= 1.0;
+                hi += 1.0;
+            }
+            let mut counts = vec![0.0 as $T; bins];
+            for &v in x.iter() {
+                if !(v >= lo && v <= hi) {
+                    continue;
+                }
+                let b = (((v - lo) * bins as $T / (hi - lo)) as usize).min(bins - 1);
+                counts[b] += 1.0;
+            }
+            <$T>::wrap(
+                ArrayD::from_shape_vec(IxDyn(&[bins]), counts).map_err(|e| e.to_string())?,
+                dt,
+            )?
+        }};
+    }
+    one(match t.kind() {
+        Kind::F64 => go!(f64),
+        Kind::F32 => go!(f32),
+        k => {
+            return Err(format!(
+                "histc of a {k:?} tensor (torch's CPU kernel takes floats)"
+            ));
+        }
+    })
 }
