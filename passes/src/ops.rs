@@ -49,15 +49,20 @@ pub fn wait(g: &Graph, gather: NodeId, param: &str) -> Node {
 }
 
 pub fn release(g: &Graph, value: NodeId, param: &str, after: &[NodeId]) -> Node {
-    let after = Arg::List(after.iter().map(|&u| Arg::Node(u)).collect());
     let base = format!("release_{}", g.node(value).name);
-    call(
-        g,
-        &base,
-        RELEASE,
-        vec![Arg::Node(value)],
-        vec![("param", Arg::Str(param.to_owned())), ("after", after)],
-    )
+    Node {
+        kwargs: release_kwargs(param, after),
+        ..Node::call(g.fresh_name(&base), RELEASE, vec![Arg::Node(value)])
+    }
+}
+
+/// A release's keywords: the parameter and the uses it must follow.
+pub fn release_kwargs(param: &str, after: &[NodeId]) -> BTreeMap<String, Arg<NodeId>> {
+    let after = Arg::List(after.iter().map(|&u| Arg::Node(u)).collect());
+    kwargs(vec![
+        ("param", Arg::Str(param.to_owned())),
+        ("after", after),
+    ])
 }
 
 pub fn reduce_grad(g: &Graph, grad: NodeId, param: &str, sharded: bool) -> Node {

@@ -93,8 +93,8 @@ fn segments(
     aliases: &Aliases,
     gathers: &[NodeId],
     pos: &SideTable<usize>,
+    output: Option<NodeId>,
 ) -> Option<Vec<Segment>> {
-    let output = g.output();
     let mut out = Vec::new();
     for &gather in gathers {
         let n = g.node(gather);
@@ -140,10 +140,14 @@ fn segments(
 }
 
 /// Gathered bytes live after each position, counting the gathers `keep` selects.
-fn live_profile(g: &Graph, world: u32, keep: impl Fn(NodeId) -> bool) -> Vec<u64> {
-    let aliases = Aliases::analyse(g);
+fn live_profile(
+    g: &Graph,
+    aliases: &Aliases,
+    pos: &SideTable<usize>,
+    world: u32,
+    keep: impl Fn(NodeId) -> bool,
+) -> Vec<u64> {
     let mut delta = vec![0i128; g.len() + 1];
-    let pos = g.positions();
     for (id, n) in g.nodes() {
         if CommOp::of(n) != Some(CommOp::AllGather) || !keep(id) {
             continue;
@@ -173,6 +177,7 @@ fn live_profile(g: &Graph, world: u32, keep: impl Fn(NodeId) -> bool) -> Vec<u64
 pub(super) fn build(g: &Graph, budget: u64, world: u32) -> Built {
     let aliases = Aliases::analyse(g);
     let pos = g.positions();
+    let output = g.output();
     let mut by_param: BTreeMap<&str, Vec<NodeId>> = BTreeMap::new();
     for (id, n) in g.nodes() {
         if CommOp::of(n) == Some(CommOp::AllGather) {
@@ -181,7 +186,7 @@ pub(super) fn build(g: &Graph, budget: u64, world: u32) -> Built {
             }
         }
     }
-    let baseline_live = live_profile(g, world, |_| true);
+    let baseline_live = live_profile(g, &aliases, &pos, world, |_| true);
     let mut ctx = Context {
         world_size: world,
         ..Context::default()
@@ -189,7 +194,7 @@ pub(super) fn build(g: &Graph, budget: u64, world: u32) -> Built {
     let mut segs = Vec::new();
     let mut in_scope = SideTable::new(g, false);
     for (name, gathers) in &by_param {
-        let Some(found) = segments(g, &aliases, gathers, &pos) else {
+        let Some(found) = segments(g, &aliases, gathers, &pos, output) else {
             continue;
         };
         let Some(param) = found.first().and_then(|s| g.param_of(s.shard)) else {
@@ -229,7 +234,7 @@ pub(super) fn build(g: &Graph, budget: u64, world: u32) -> Built {
         }
         segs.extend(found);
     }
-    let others_live = live_profile(g, world, |id| !in_scope[id]);
+    let others_live = live_profile(g, &aliases, &pos, world, |id| !in_scope[id]);
 
     let mut eg = CommGraph::new(ctx);
     let mut class_of: SideTable<Option<Id>> = SideTable::new(g, None);
@@ -257,7 +262,7 @@ pub(super) fn build(g: &Graph, budget: u64, world: u32) -> Built {
             continue;
         }
         // The output must never come to hold gathered storage, so what it reads stays as is.
-        let returned = g.output().is_some_and(|o| g.users(id).contains(&o));
+        let returned = output.is_some_and(|o| g.dag().contains_edge(id, o));
         let Some((x, shape)) = parse(n).filter(|_| !returned) else {
             continue;
         };
