@@ -218,7 +218,7 @@ fn ordered(
     let mut by_key: Vec<(Key, NodeId)> = g.dag().node_indices().map(|id| (key(id), id)).collect();
     by_key.sort_unstable();
     let sorted: Vec<NodeId> = by_key.into_iter().map(|(_, id)| id).collect();
-    if is_topological(g, &sorted) {
+    if super::inert::is_topological(g, &sorted) {
         return sorted;
     }
     let mut pending = zerosched_ir::SideTable::new(g, 0usize);
@@ -242,19 +242,6 @@ fn ordered(
         }
     }
     order
-}
-
-/// Whether every node of `order` comes after all of its producers.
-fn is_topological(g: &Graph, order: &[NodeId]) -> bool {
-    let mut placed = zerosched_ir::SideTable::new(g, false);
-    order.iter().all(|&id| {
-        let ready = g
-            .dag()
-            .neighbors_directed(id, petgraph::Direction::Incoming)
-            .all(|p| placed[p]);
-        placed[id] = true;
-        ready
-    })
 }
 
 pub(super) fn write_back(g: &mut Graph, built: &Built, plan: &Plan) -> Result<Effects, Failure> {
