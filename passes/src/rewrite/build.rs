@@ -148,11 +148,12 @@ fn live_profile(
     keep: impl Fn(NodeId) -> bool,
 ) -> Vec<u64> {
     let mut delta = vec![0i128; g.len() + 1];
+    let params = ops::ParamIndex::new(g);
     for (id, n) in g.nodes() {
         if CommOp::of(n) != Some(CommOp::AllGather) || !keep(id) {
             continue;
         }
-        let bytes = i128::from(ops::gathered_bytes(g, id, world).unwrap_or(0));
+        let bytes = i128::from(params.gathered_bytes(g, id, world).unwrap_or(0));
         let end = aliases
             .members(id)
             .iter()

@@ -106,9 +106,10 @@ pub enum RewriteError {
 }
 
 fn comm_bytes(g: &Graph, world: u32) -> u64 {
+    let params = ops::ParamIndex::new(g);
     g.nodes()
         .filter(|(_, n)| CommOp::of(n) == Some(CommOp::AllGather))
-        .map(|(id, _)| ops::gathered_bytes(g, id, world).unwrap_or(0))
+        .map(|(id, _)| params.gathered_bytes(g, id, world).unwrap_or(0))
         .fold(0, u64::saturating_add)
 }
 

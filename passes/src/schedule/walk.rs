@@ -144,6 +144,7 @@ impl Plan {
             .filter(|(_, n)| n.op == Op::Placeholder)
             .chain(g.nodes().filter(|(_, n)| n.op != Op::Placeholder));
         let mut scratch = Vec::new();
+        let params = ops::ParamIndex::new(g);
         for (id, n) in inputs_first {
             let comm = CommOp::of(n);
             let (gathered, reads) = gathered_storage(g, &p, id, comm, &mut scratch);
@@ -152,7 +153,8 @@ impl Plan {
                 Some(op @ (CommOp::AllGather | CommOp::Reuse)) => {
                     p.gathers += 1;
                     p.resident[id] = op == CommOp::Reuse;
-                    p.bytes[id] = ops::gathered_bytes(g, id, opts.world_size)
+                    p.bytes[id] = params
+                        .gathered_bytes(g, id, opts.world_size)
                         .or_else(|| n.meta.val.as_ref().and_then(|v| v.nbytes()))
                         .unwrap_or(0);
                     Role::Gather
