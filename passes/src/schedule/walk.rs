@@ -273,6 +273,8 @@ struct Walk<'a> {
     buckets: Vec<Vec<NodeId>>,
     open: Option<Bucket>,
     reduce_queue: Vec<NodeId>,
+    /// Scratch for [`Walk::place`].
+    stack: Vec<(NodeId, bool)>,
     t_compute: f64,
     t_comm: f64,
     live: u64,
@@ -303,6 +305,7 @@ impl<'a> Walk<'a> {
             buckets: Vec::new(),
             open: None,
             reduce_queue: Vec::new(),
+            stack: Vec::new(),
             t_compute: 0.0,
             t_comm: 0.0,
             live: resident,
@@ -464,7 +467,9 @@ impl<'a> Walk<'a> {
     /// Places `node` after everything it needs that is not yet placed (deferred nodes, and a
     /// gather not yet issued), depth first, without recursion.
     fn place(&mut self, node: NodeId) {
-        let mut stack = vec![(node, false)];
+        // One buffer for every call: this runs once per compute node.
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.push((node, false));
         while let Some((v, expanded)) = stack.pop() {
             if self.emitted[v] {
                 continue;
@@ -491,6 +496,7 @@ impl<'a> Walk<'a> {
                 }
             }
         }
+        self.stack = stack;
     }
 
     fn emit_compute(&mut self, v: NodeId) {
