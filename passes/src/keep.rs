@@ -165,13 +165,14 @@ fn compute_prefix(g: &Graph, opts: &ScheduleOptions) -> Vec<f64> {
 
 /// Gathered bytes alive after each position, replayed in program order.
 fn live_bytes(g: &Graph, opts: &ScheduleOptions) -> Vec<u64> {
+    let params = ops::ParamIndex::new(g);
     let mut live = 0u64;
     let mut gathered_at: zerosched_ir::SideTable<u64> = zerosched_ir::SideTable::new(g, 0);
     g.nodes()
         .map(|(id, n)| {
             match CommOp::of(n) {
                 Some(CommOp::AllGather | CommOp::Reuse) => {
-                    let b = ops::gathered_bytes(g, id, opts.world_size).unwrap_or(0);
+                    let b = params.gathered_bytes(g, id, opts.world_size).unwrap_or(0);
                     gathered_at[id] = b;
                     live = live.saturating_add(b);
                 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 pub use zerosched_ir::comm::*;
-use zerosched_ir::{Arg, Dtype, Graph, Node, NodeId};
+use zerosched_ir::{Arg, Dtype, Graph, Node, NodeId, Param, SideTable};
 
 fn kwargs(pairs: Vec<(&str, Arg<NodeId>)>) -> BTreeMap<String, Arg<NodeId>> {
     pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
@@ -49,15 +49,20 @@ pub fn wait(g: &Graph, gather: NodeId, param: &str) -> Node {
 }
 
 pub fn release(g: &Graph, value: NodeId, param: &str, after: &[NodeId]) -> Node {
-    let after = Arg::List(after.iter().map(|&u| Arg::Node(u)).collect());
     let base = format!("release_{}", g.node(value).name);
-    call(
-        g,
-        &base,
-        RELEASE,
-        vec![Arg::Node(value)],
-        vec![("param", Arg::Str(param.to_owned())), ("after", after)],
-    )
+    Node {
+        kwargs: release_kwargs(param, after),
+        ..Node::call(g.fresh_name(&base), RELEASE, vec![Arg::Node(value)])
+    }
+}
+
+/// A release's keywords: the parameter and the uses it must follow.
+pub fn release_kwargs(param: &str, after: &[NodeId]) -> BTreeMap<String, Arg<NodeId>> {
+    let after = Arg::List(after.iter().map(|&u| Arg::Node(u)).collect());
+    kwargs(vec![
+        ("param", Arg::Str(param.to_owned())),
+        ("after", after),
+    ])
 }
 
 pub fn reduce_grad(g: &Graph, grad: NodeId, param: &str, sharded: bool) -> Node {
@@ -95,7 +100,36 @@ pub fn getitem(g: &Graph, value: NodeId, index: usize) -> Node {
 /// parameter.
 pub fn gathered_bytes(g: &Graph, gather: NodeId, world_size: u32) -> Option<u64> {
     let n = g.node(gather);
-    let shard = *n.args.first()?.as_node()?;
-    let p = g.param_of(shard)?;
-    zerosched_ir::comm::gathered_bytes(p.numel()?, gather_dtype(n).unwrap_or(p.dtype), world_size)
+    let p = g.param_of(*n.args.first()?.as_node()?)?;
+    bytes_of(p, n, world_size)
+}
+
+fn bytes_of(p: &Param, gather: &Node, world_size: u32) -> Option<u64> {
+    let dtype = gather_dtype(gather).unwrap_or(p.dtype);
+    zerosched_ir::comm::gathered_bytes(p.numel()?, dtype, world_size)
+}
+
+/// The parameter each placeholder carries, found in constant time: for passes that size
+/// every gather of a graph ([`Graph::param_of`] scans the parameter list).
+pub struct ParamIndex(SideTable<Option<usize>>);
+
+impl ParamIndex {
+    pub fn new(g: &Graph) -> ParamIndex {
+        let mut at = SideTable::new(g, None);
+        // The first declaration wins, as with `Graph::param_of`.
+        for (i, p) in g.params.iter().enumerate().rev() {
+            if p.node.index() < g.node_bound() {
+                at[p.node] = Some(i);
+            }
+        }
+        ParamIndex(at)
+    }
+
+    /// [`gathered_bytes`], for a gather of `g`.
+    pub fn gathered_bytes(&self, g: &Graph, gather: NodeId, world_size: u32) -> Option<u64> {
+        let n = g.node(gather);
+        let shard = *n.args.first()?.as_node()?;
+        let p = g.params.get(self.0.get(shard).copied().flatten()?)?;
+        bytes_of(p, n, world_size)
+    }
 }

@@ -101,6 +101,9 @@ pub(super) fn check(cx: &mut Ctx) -> Gathers {
     // Real uses of each gathered buffer; `seen` de-duplicates a node's references.
     let mut seen = SideTable::new(g, usize::MAX);
     for (here, (id, n)) in g.nodes().enumerate() {
+        if !storage.reads_gathered(n) {
+            continue;
+        }
         let (views, writes) = (storage::alias_sources(n), storage::written(n));
         for &v in n.refs() {
             if seen[v] == here || !storage::is_real_use(n, v, &views, &writes) {

@@ -23,6 +23,9 @@ impl Storage {
             let n = g.node(id);
             let mut set = match gather_index[id] {
                 Some(i) => vec![i],
+                // Sources are among the references: with none in a gathered buffer, neither
+                // is this node (most nodes, and no allocation for them).
+                None if !touches(n, &gathers) => continue,
                 None => Vec::new(),
             };
             for src in alias_sources(n).into_iter().chain(written(n)) {
@@ -39,14 +42,31 @@ impl Storage {
     pub(super) fn gathers(&self, id: NodeId) -> &[usize] {
         self.gathers.get(id).map_or(&[], Vec::as_slice)
     }
+
+    /// Whether any node `n` references may be in a gathered buffer.
+    pub(super) fn reads_gathered(&self, n: &Node) -> bool {
+        touches(n, &self.gathers)
+    }
+}
+
+fn touches(n: &Node, gathers: &SideTable<Vec<usize>>) -> bool {
+    let mut any = false;
+    n.for_each_ref(|&r| any |= gathers.get(r).is_some_and(|s| !s.is_empty()));
+    any
 }
 
 /// Every node, producers before consumers; nodes on a cycle (which the order check reports)
 /// come last, in program order.
 fn topological(g: &Graph) -> Vec<NodeId> {
+    // Edges are followed as the graph stores them (one per producer and consumer); the order
+    // among ready nodes does not change the sets.
+    let users = |id| {
+        g.dag()
+            .neighbors_directed(id, petgraph::Direction::Outgoing)
+    };
     let mut indegree = SideTable::new(g, 0usize);
     for &id in g.order() {
-        for u in g.users(id) {
+        for u in users(id) {
             indegree[u] += 1;
         }
     }
@@ -59,7 +79,7 @@ fn topological(g: &Graph) -> Vec<NodeId> {
     let mut next = 0;
     while let Some(&id) = out.get(next) {
         next += 1;
-        for u in g.users(id) {
+        for u in users(id) {
             indegree[u] -= 1;
             if indegree[u] == 0 {
                 out.push(u);

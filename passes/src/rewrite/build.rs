@@ -48,7 +48,7 @@ pub(super) struct Built {
 }
 
 /// The ops a term can be made of, parsed from a node.
-enum Shape {
+pub(super) enum Shape {
     View(Vec<i64>),
     T,
     Transpose(i64, i64),
@@ -56,7 +56,7 @@ enum Shape {
 }
 
 /// How `n` makes a term from its one node argument, if it is an op the language knows.
-fn parse(n: &Node) -> Option<(NodeId, Shape)> {
+pub(super) fn parse(n: &Node) -> Option<(NodeId, Shape)> {
     if n.meta.mutates.as_ref().is_some_and(|m| !m.is_empty()) {
         return None;
     }
@@ -93,8 +93,8 @@ fn segments(
     aliases: &Aliases,
     gathers: &[NodeId],
     pos: &SideTable<usize>,
+    output: Option<NodeId>,
 ) -> Option<Vec<Segment>> {
-    let output = g.output();
     let mut out = Vec::new();
     for &gather in gathers {
         let n = g.node(gather);
@@ -140,15 +140,20 @@ fn segments(
 }
 
 /// Gathered bytes live after each position, counting the gathers `keep` selects.
-fn live_profile(g: &Graph, world: u32, keep: impl Fn(NodeId) -> bool) -> Vec<u64> {
-    let aliases = Aliases::analyse(g);
+fn live_profile(
+    g: &Graph,
+    aliases: &Aliases,
+    pos: &SideTable<usize>,
+    world: u32,
+    keep: impl Fn(NodeId) -> bool,
+) -> Vec<u64> {
     let mut delta = vec![0i128; g.len() + 1];
-    let pos = g.positions();
+    let params = ops::ParamIndex::new(g);
     for (id, n) in g.nodes() {
         if CommOp::of(n) != Some(CommOp::AllGather) || !keep(id) {
             continue;
         }
-        let bytes = i128::from(ops::gathered_bytes(g, id, world).unwrap_or(0));
+        let bytes = i128::from(params.gathered_bytes(g, id, world).unwrap_or(0));
         let end = aliases
             .members(id)
             .iter()
@@ -170,9 +175,21 @@ fn live_profile(g: &Graph, world: u32, keep: impl Fn(NodeId) -> bool) -> Vec<u64
         .collect()
 }
 
-pub(super) fn build(g: &Graph, budget: u64, world: u32) -> Built {
+/// The parameters the stage can account for, each with its gather segments, and the analyses
+/// of the graph that the rest of the stage reads.
+pub(super) struct Scope {
+    pub aliases: Aliases,
+    pub pos: SideTable<usize>,
+    pub output: Option<NodeId>,
+    /// By parameter name: the name, the index of its declaration in the graph's parameters,
+    /// and its segments in program order.
+    pub params: Vec<(String, usize, Vec<Segment>)>,
+}
+
+pub(super) fn scope(g: &Graph) -> Scope {
     let aliases = Aliases::analyse(g);
     let pos = g.positions();
+    let output = g.output();
     let mut by_param: BTreeMap<&str, Vec<NodeId>> = BTreeMap::new();
     for (id, n) in g.nodes() {
         if CommOp::of(n) == Some(CommOp::AllGather) {
@@ -181,32 +198,54 @@ pub(super) fn build(g: &Graph, budget: u64, world: u32) -> Built {
             }
         }
     }
-    let baseline_live = live_profile(g, world, |_| true);
+    let params = by_param
+        .into_iter()
+        .filter_map(|(name, gathers)| {
+            let found = segments(g, &aliases, &gathers, &pos, output)?;
+            let shard = found.first()?.shard;
+            let param = g.params.iter().position(|p| p.node == shard)?;
+            Some((name.to_owned(), param, found))
+        })
+        .collect();
+    Scope {
+        aliases,
+        pos,
+        output,
+        params,
+    }
+}
+
+/// Where a segment may hold the previous one's buffer instead: only across a real gap.
+pub(super) fn previous(found: &[Segment], k: usize) -> Option<usize> {
+    k.checked_sub(1)
+        .filter(|&j| found[j].release_pos < found[k].gather_pos)
+}
+
+pub(super) fn build(g: &Graph, scope: Scope, budget: u64, world: u32) -> Built {
+    let Scope {
+        aliases,
+        pos,
+        output,
+        params,
+    } = scope;
+    let baseline_live = live_profile(g, &aliases, &pos, world, |_| true);
     let mut ctx = Context {
         world_size: world,
         ..Context::default()
     };
     let mut segs = Vec::new();
     let mut in_scope = SideTable::new(g, false);
-    for (name, gathers) in &by_param {
-        let Some(found) = segments(g, &aliases, gathers, &pos) else {
-            continue;
-        };
-        let Some(param) = found.first().and_then(|s| g.param_of(s.shard)) else {
-            continue;
-        };
+    for (name, param, found) in params {
+        let param = &g.params[param];
         let p = ctx.params.len() as u32;
         ctx.params.push(ParamInfo {
-            name: (*name).to_owned(),
+            name,
             shape: param.shape.iter().map(|d| d.hint()).collect(),
             dtype: param.dtype,
         });
         let base = segs.len();
         for (k, s) in found.iter().enumerate() {
-            // Holding the previous segment's buffer is possible only across a real gap.
-            let prev = k
-                .checked_sub(1)
-                .filter(|&j| found[j].release_pos < s.gather_pos);
+            let prev = previous(&found, k);
             let headroom = prev.map_or(0, |j| {
                 let gap = &baseline_live[found[j].release_pos..s.gather_pos];
                 budget.saturating_sub(gap.iter().copied().max().unwrap_or(0))
@@ -229,7 +268,7 @@ pub(super) fn build(g: &Graph, budget: u64, world: u32) -> Built {
         }
         segs.extend(found);
     }
-    let others_live = live_profile(g, world, |id| !in_scope[id]);
+    let others_live = live_profile(g, &aliases, &pos, world, |id| !in_scope[id]);
 
     let mut eg = CommGraph::new(ctx);
     let mut class_of: SideTable<Option<Id>> = SideTable::new(g, None);
@@ -257,7 +296,7 @@ pub(super) fn build(g: &Graph, budget: u64, world: u32) -> Built {
             continue;
         }
         // The output must never come to hold gathered storage, so what it reads stays as is.
-        let returned = g.output().is_some_and(|o| g.users(id).contains(&o));
+        let returned = output.is_some_and(|o| g.dag().contains_edge(id, o));
         let Some((x, shape)) = parse(n).filter(|_| !returned) else {
             continue;
         };

@@ -19,6 +19,7 @@
 
 mod build;
 mod extract;
+mod inert;
 mod lang;
 mod rules;
 pub mod split;
@@ -105,9 +106,10 @@ pub enum RewriteError {
 }
 
 fn comm_bytes(g: &Graph, world: u32) -> u64 {
+    let params = ops::ParamIndex::new(g);
     g.nodes()
         .filter(|(_, n)| CommOp::of(n) == Some(CommOp::AllGather))
-        .map(|(id, _)| ops::gathered_bytes(g, id, world).unwrap_or(0))
+        .map(|(id, _)| params.gathered_bytes(g, id, world).unwrap_or(0))
         .fold(0, u64::saturating_add)
 }
 
@@ -127,14 +129,33 @@ pub fn rewrite(g: &mut Graph, opts: &RewriteOptions) -> Result<RewriteReport, Re
             keep: opts.keep_weight,
         });
     }
-    let mut report = RewriteReport {
-        comm_bytes_before: comm_bytes(g, opts.world_size),
+    let scope = build::scope(g);
+    if inert::unchanged(g, &scope, opts) {
+        return Ok(untouched(g, opts));
+    }
+    saturate(g, scope, opts)
+}
+
+/// What the stage reports on a graph it leaves as it is.
+fn untouched(g: &Graph, opts: &RewriteOptions) -> RewriteReport {
+    let bytes = comm_bytes(g, opts.world_size);
+    RewriteReport {
+        comm_bytes_before: bytes,
+        comm_bytes_after: bytes,
+        saturated: true,
         ..RewriteReport::default()
-    };
-    let mut built = build::build(g, opts.budget, opts.world_size);
+    }
+}
+
+/// The stage proper: build the e-graph over `scope`, saturate, extract, write back.
+fn saturate(
+    g: &mut Graph,
+    scope: build::Scope,
+    opts: &RewriteOptions,
+) -> Result<RewriteReport, RewriteError> {
+    let mut report = untouched(g, opts);
+    let mut built = build::build(g, scope, opts.budget, opts.world_size);
     if built.roots.is_empty() {
-        report.comm_bytes_after = report.comm_bytes_before;
-        report.saturated = true;
         return Ok(report);
     }
     let rules: Vec<_> = rules::all()

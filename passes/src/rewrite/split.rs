@@ -119,7 +119,7 @@ pub fn split_long_gaps(g: &mut Graph, min_gap_nodes: usize) -> Result<SplitRepor
                 }
             }
             if k == last {
-                let kwargs = ops::release(g, seg_wait, &name, seg).kwargs;
+                let kwargs = ops::release_kwargs(&name, seg);
                 g.set_args(release, vec![Arg::Node(seg_wait)], kwargs)?;
             } else {
                 let r = g.add(ops::release(g, seg_wait, &name, seg))?;

@@ -212,6 +212,15 @@ fn ordered(
             .copied()
             .unwrap_or_else(|| (2 * pos.get(id).copied().unwrap_or(0) + 1, 0))
     };
+    // The nodes sorted by key is what Kahn's algorithm yields whenever that sequence is
+    // itself topological (each next node is then ready and the smallest of all that remain),
+    // which is the common case: check it in one pass before falling back to the heap.
+    let mut by_key: Vec<(Key, NodeId)> = g.dag().node_indices().map(|id| (key(id), id)).collect();
+    by_key.sort_unstable();
+    let sorted: Vec<NodeId> = by_key.into_iter().map(|(_, id)| id).collect();
+    if super::inert::is_topological(g, &sorted) {
+        return sorted;
+    }
     let mut pending = zerosched_ir::SideTable::new(g, 0usize);
     let mut heap = BinaryHeap::new();
     let mut ids: Vec<NodeId> = g.dag().node_indices().collect();
@@ -312,8 +321,11 @@ pub(super) fn write_back(g: &mut Graph, built: &Built, plan: &Plan) -> Result<Ef
             w.keys.insert(id, (2 * w.pos[old] + 1, w.seq));
             id
         };
-        let kwargs = ops::release(g, wait, &name, &[]).kwargs;
-        g.set_args(release, vec![Arg::Node(wait)], kwargs)?;
+        g.set_args(
+            release,
+            vec![Arg::Node(wait)],
+            ops::release_kwargs(&name, &[]),
+        )?;
         releases.push((release, wait));
         if gu.dtype != built.segs[gu.seg as usize].dtype {
             effects.casts_fused += 1;
@@ -379,8 +391,11 @@ pub(super) fn write_back(g: &mut Graph, built: &Built, plan: &Plan) -> Result<Ef
         let name = ops::param_name(g.node(release))
             .unwrap_or_default()
             .to_owned();
-        let kwargs = ops::release(g, wait, &name, &after).kwargs;
-        g.set_args(release, vec![Arg::Node(wait)], kwargs)?;
+        g.set_args(
+            release,
+            vec![Arg::Node(wait)],
+            ops::release_kwargs(&name, &after),
+        )?;
     }
     let order = ordered(g, &w.keys, &w.pos);
     g.set_order(order)?;

@@ -144,6 +144,7 @@ impl Plan {
             .filter(|(_, n)| n.op == Op::Placeholder)
             .chain(g.nodes().filter(|(_, n)| n.op != Op::Placeholder));
         let mut scratch = Vec::new();
+        let params = ops::ParamIndex::new(g);
         for (id, n) in inputs_first {
             let comm = CommOp::of(n);
             let (gathered, reads) = gathered_storage(g, &p, id, comm, &mut scratch);
@@ -152,7 +153,8 @@ impl Plan {
                 Some(op @ (CommOp::AllGather | CommOp::Reuse)) => {
                     p.gathers += 1;
                     p.resident[id] = op == CommOp::Reuse;
-                    p.bytes[id] = ops::gathered_bytes(g, id, opts.world_size)
+                    p.bytes[id] = params
+                        .gathered_bytes(g, id, opts.world_size)
                         .or_else(|| n.meta.val.as_ref().and_then(|v| v.nbytes()))
                         .unwrap_or(0);
                     Role::Gather
@@ -271,6 +273,8 @@ struct Walk<'a> {
     buckets: Vec<Vec<NodeId>>,
     open: Option<Bucket>,
     reduce_queue: Vec<NodeId>,
+    /// Scratch for [`Walk::place`].
+    stack: Vec<(NodeId, bool)>,
     t_compute: f64,
     t_comm: f64,
     live: u64,
@@ -301,6 +305,7 @@ impl<'a> Walk<'a> {
             buckets: Vec::new(),
             open: None,
             reduce_queue: Vec::new(),
+            stack: Vec::new(),
             t_compute: 0.0,
             t_comm: 0.0,
             live: resident,
@@ -462,7 +467,9 @@ impl<'a> Walk<'a> {
     /// Places `node` after everything it needs that is not yet placed (deferred nodes, and a
     /// gather not yet issued), depth first, without recursion.
     fn place(&mut self, node: NodeId) {
-        let mut stack = vec![(node, false)];
+        // One buffer for every call: this runs once per compute node.
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.push((node, false));
         while let Some((v, expanded)) = stack.pop() {
             if self.emitted[v] {
                 continue;
@@ -489,6 +496,7 @@ impl<'a> Walk<'a> {
                 }
             }
         }
+        self.stack = stack;
     }
 
     fn emit_compute(&mut self, v: NodeId) {
