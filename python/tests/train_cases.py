@@ -54,7 +54,9 @@ def step(loss: torch.Tensor, opt: torch.optim.Optimizer) -> float:
 
 
 def mean_over_ranks(x: float) -> float:
-    t = torch.tensor([x], dtype=torch.float64)
+    # NCCL reduces GPU tensors only.
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([x], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.item() / dist.get_world_size()
 

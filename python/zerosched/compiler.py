@@ -154,11 +154,15 @@ def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: l
         _assert_same_schedule(doc)
     if inner == "inductor":
         from torch._guards import detect_fake_mode
+        from torch._inductor import config as inductor_config
         from torch._inductor.compile_fx import compile_fx_inner
         from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
         FakeTensorProp(new_gm, detect_fake_mode(ex)).propagate_dont_convert_inputs(*ex)
-        return compile_fx_inner(new_gm, ex, is_backward=kind == "backward", is_inference=kind == "inference")
+        # A release frees its gathered buffer's storage where Inductor cannot see it: Inductor must
+        # not hand that buffer to a later kernel (the caching allocator still recycles the memory).
+        with inductor_config.patch(allow_buffer_reuse=False, inplace_buffers=False):
+            return compile_fx_inner(new_gm, ex, is_backward=kind == "backward", is_inference=kind == "inference")
     from functorch.compile import make_boxed_func
 
     return make_boxed_func(new_gm.forward)
@@ -175,9 +179,16 @@ def _assert_same_schedule(doc: dict) -> None:
     order = [(n["name"], n["target"], n["kwargs"] if n["target"].startswith("zerosched.") else None)
              for n in doc["nodes"]]
     h = int.from_bytes(hashlib.sha256(json.dumps(order, sort_keys=True).encode()).digest()[:7], "little")
-    lo = torch.tensor([h], dtype=torch.int64)
-    hi = lo.clone()
-    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
-    if lo.item() != hi.item():
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # AOTAutograd calls the compilers under its fake mode: the hash must be a real tensor, and
+    # on the device the group's backend reduces (NCCL reduces GPU tensors only).
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    with unset_fake_temporarily():
+        lo = torch.tensor([h], dtype=torch.int64, device=device)
+        hi = lo.clone()
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+        same = lo.item() == hi.item()
+    if not same:
         raise ZeroschedError(f"graph `{name}`: the ranks reached different schedules (hashes differ)")
