@@ -347,41 +347,21 @@ fn decode(dtype: safetensors::Dtype, shape: &[usize], data: &[u8]) -> Result<Ten
         ));
     }
     let c = data.chunks_exact(width);
+    // Floats widen to f32 (f64 stays), integers to i64: what the CPU backend computes in.
+    let floats = |f: fn(&[u8]) -> f32| arr(shape, c.clone().map(f).collect()).map(Data::F32);
+    let ints = |f: fn(&[u8]) -> i64| arr(shape, c.clone().map(f).collect()).map(Data::I64);
     let data = match dt {
         Dtype::Float64 => Data::F64(arr(shape, c.map(|b| f64::from_le_bytes(le(b))).collect())?),
-        Dtype::Float32 => Data::F32(arr(shape, c.map(|b| f32::from_le_bytes(le(b))).collect())?),
-        Dtype::BFloat16 => Data::F32(arr(
-            shape,
-            c.map(|b| half::bf16::from_le_bytes(le(b)).to_f32())
-                .collect(),
-        )?),
-        Dtype::Float16 => Data::F32(arr(
-            shape,
-            c.map(|b| half::f16::from_le_bytes(le(b)).to_f32())
-                .collect(),
-        )?),
-        Dtype::Int64 => Data::I64(arr(shape, c.map(|b| i64::from_le_bytes(le(b))).collect())?),
-        Dtype::Int32 => Data::I64(arr(
-            shape,
-            c.map(|b| i64::from(i32::from_le_bytes(le(b)))).collect(),
-        )?),
-        Dtype::UInt32 => Data::I64(arr(
-            shape,
-            c.map(|b| i64::from(u32::from_le_bytes(le(b)))).collect(),
-        )?),
-        Dtype::Int16 => Data::I64(arr(
-            shape,
-            c.map(|b| i64::from(i16::from_le_bytes(le(b)))).collect(),
-        )?),
-        Dtype::UInt16 => Data::I64(arr(
-            shape,
-            c.map(|b| i64::from(u16::from_le_bytes(le(b)))).collect(),
-        )?),
-        Dtype::Int8 => Data::I64(arr(
-            shape,
-            c.map(|b| i64::from(i8::from_le_bytes(le(b)))).collect(),
-        )?),
-        Dtype::UInt8 => Data::I64(arr(shape, c.map(|b| i64::from(b[0])).collect())?),
+        Dtype::Float32 => floats(|b| f32::from_le_bytes(le(b)))?,
+        Dtype::BFloat16 => floats(|b| half::bf16::from_le_bytes(le(b)).to_f32())?,
+        Dtype::Float16 => floats(|b| half::f16::from_le_bytes(le(b)).to_f32())?,
+        Dtype::Int64 => ints(|b| i64::from_le_bytes(le(b)))?,
+        Dtype::Int32 => ints(|b| i32::from_le_bytes(le(b)).into())?,
+        Dtype::UInt32 => ints(|b| u32::from_le_bytes(le(b)).into())?,
+        Dtype::Int16 => ints(|b| i16::from_le_bytes(le(b)).into())?,
+        Dtype::UInt16 => ints(|b| u16::from_le_bytes(le(b)).into())?,
+        Dtype::Int8 => ints(|b| i8::from_le_bytes(le(b)).into())?,
+        Dtype::UInt8 => ints(|b| b[0].into())?,
         _ => Data::Bool(arr(shape, c.map(|b| b[0] != 0).collect())?),
     };
     Ok(Tensor { dtype: dt, data })
