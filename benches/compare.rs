@@ -5,6 +5,10 @@
 //!
 //! `cargo bench --bench compare` (add `-- --quick` for one repetition per timing).
 
+// The allocator the command line uses, so that the figures are the command line's.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 use zerosched_ir::Program;

@@ -6,6 +6,10 @@
 //! graphs over the world. Criterion's throughput is in nodes x ranks, so its "elem/s" gives
 //! the per-node cost directly; the target is under 1 us per node.
 
+// The allocator the command line uses, so that the figures are the command line's.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::path::Path;

@@ -3,6 +3,10 @@
 //!
 //! `cargo bench --bench pipeline`. Budgets are two decoder layers' worth of parameters.
 
+// The allocator the command line uses, so that the figures are the command line's.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::path::Path;

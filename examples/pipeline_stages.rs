@@ -12,6 +12,10 @@
 //! Arguments: a program in `benches/data` (default `llama70b_l80`) and a number of runs
 //! (default 1). The budget is two decoder layers' worth of parameters, as in the benchmarks.
 
+// The allocator the command line uses, so that the figures are the command line's.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::Path;
 use std::time::Instant;
 use zerosched_passes::checker::{CheckOptions, check_program};

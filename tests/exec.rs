@@ -334,7 +334,7 @@ fn unsupported_op_is_named_before_running() {
     let msg = err.to_string();
     assert!(matches!(err, ExecError::Unsupported { .. }), "{msg}");
     assert!(
-        msg.contains("aten.frobnicate.default") && msg.contains(&name),
+        msg.contains("aten.frobnicate.default") && msg.contains(name.as_str()),
         "{msg}"
     );
 }
@@ -436,7 +436,7 @@ fn drawn_inputs(p: &Program, seed: u64) -> Vec<(String, Tensor)> {
         {
             let (name, t) = match g.param_of(id) {
                 Some(pa) => (pa.name.clone(), inputs.param(g, pa).expect("param")),
-                None => (n.name.clone(), inputs.data(g, id, 0).expect("data")),
+                None => (n.name.to_string(), inputs.data(g, id, 0).expect("data")),
             };
             if out.iter().all(|(o, _)| *o != name) {
                 out.push((name, t));

@@ -5,18 +5,18 @@
 //! hostile file gives an error, never a panic or a huge allocation.
 
 use crate::{
-    Arg, Diagnostics, Dtype, Form, Grad, Graph, GraphKind, ImportError, Location, Meta, Node,
-    NodeId, Op, Param, Problem, Program, SymInt, TensorMeta, Val,
+    Arg, Diagnostics, Form, Grad, Graph, GraphKind, ImportError, Location, Meta, Node, NodeId, Op,
+    Param, Problem, Program, Str, SymInt, TensorMeta, Val,
 };
 use bincode::de::{BorrowDecoder, Decoder};
 use bincode::error::DecodeError;
 use bincode::{BorrowDecode, Decode, Encode};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// `ZSGRAPH` and a byte that no text encoding of JSON starts with.
 pub const MAGIC: &[u8; 8] = b"ZSGRAPH\x89";
 /// Bumped on any change to the encoded structures.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Upper bound on what a decode may claim, far above any real training step.
 const LIMIT: usize = 1 << 30;
 
@@ -30,13 +30,44 @@ struct BinProgram {
     graphs: Vec<BinGraph>,
 }
 
+/// A graph with its repeated parts stored once: each distinct target and each distinct tensor
+/// metadata sits in a table, in order of first use, and nodes refer to them by index. A
+/// training step repeats a few dozen targets and a few hundred tensor shapes over thousands of
+/// nodes, so reading one copies them instead of decoding each again.
 #[derive(Encode, Decode)]
 struct BinGraph {
     name: Option<String>,
     kind: GraphKind,
-    nodes: Vec<Node<u32>>,
+    targets: Vec<Str>,
+    tensors: Vec<TensorMeta>,
+    nodes: Vec<BinNode>,
     params: Vec<Param<u32>>,
     grads: Vec<Grad>,
+}
+
+#[derive(Encode, Decode)]
+struct BinNode {
+    name: Str,
+    op: Op,
+    /// Index into the graph's `targets`.
+    target: u32,
+    args: Vec<Arg<u32>>,
+    kwargs: BTreeMap<Str, Arg<u32>>,
+    val: Option<BinVal>,
+    aliases: Option<Vec<u32>>,
+    mutates: Option<Vec<u32>>,
+    device_time_ms: Option<f64>,
+}
+
+/// [`Val`] with its tensors as indexes into the graph's `tensors`.
+#[derive(Encode, Decode)]
+enum BinVal {
+    Tensor(u32),
+    Tuple(Vec<Option<u32>>),
+    Sym(SymInt),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
 }
 
 fn config() -> impl bincode::config::Config {
@@ -58,13 +89,69 @@ pub fn export(program: &Program) -> Vec<u8> {
     out
 }
 
+/// Distinct values in order of first use; the index of each. Insertion order alone decides
+/// the indexes, so the encoding is deterministic.
+struct Table<'g, T: ?Sized> {
+    index: HashMap<&'g T, u32>,
+    items: Vec<&'g T>,
+}
+
+impl<'g, T: ?Sized + Eq + std::hash::Hash> Table<'g, T> {
+    fn new() -> Self {
+        Table {
+            index: HashMap::new(),
+            items: Vec::new(),
+        }
+    }
+
+    fn of(&mut self, item: &'g T) -> u32 {
+        *self.index.entry(item).or_insert_with(|| {
+            self.items.push(item);
+            (self.items.len() - 1) as u32
+        })
+    }
+}
+
 fn encode_graph(g: &Graph) -> BinGraph {
     let pos = g.positions();
     let at = |id: &NodeId| pos[*id] as u32;
+    let mut targets = Table::<str>::new();
+    let mut tensors = Table::<TensorMeta>::new();
+    let nodes = g
+        .nodes()
+        .map(|(_, n)| BinNode {
+            name: n.name.clone(),
+            op: n.op,
+            target: targets.of(&n.target),
+            args: n.args.iter().map(|a| a.map_refs(&mut |r| at(r))).collect(),
+            kwargs: n
+                .kwargs
+                .iter()
+                .map(|(k, a)| (k.clone(), a.map_refs(&mut |r| at(r))))
+                .collect(),
+            val: n.meta.val.as_ref().map(|v| match v {
+                Val::Tensor(t) => BinVal::Tensor(tensors.of(t)),
+                Val::Tuple(ts) => BinVal::Tuple(
+                    ts.iter()
+                        .map(|t| t.as_ref().map(|t| tensors.of(t)))
+                        .collect(),
+                ),
+                Val::Sym(s) => BinVal::Sym(s.clone()),
+                Val::Int(i) => BinVal::Int(*i),
+                Val::Float(x) => BinVal::Float(*x),
+                Val::Bool(b) => BinVal::Bool(*b),
+            }),
+            aliases: n.meta.aliases.clone(),
+            mutates: n.meta.mutates.clone(),
+            device_time_ms: n.meta.device_time_ms,
+        })
+        .collect();
     BinGraph {
         name: g.name.clone(),
         kind: g.kind,
-        nodes: g.nodes().map(|(_, n)| n.map_refs(&mut |r| at(r))).collect(),
+        targets: targets.items.into_iter().map(Str::from).collect(),
+        tensors: tensors.items.into_iter().cloned().collect(),
+        nodes,
         params: g.params.iter().map(|p| p.with_node(at(&p.node))).collect(),
         grads: g.grads.clone(),
     }
@@ -146,32 +233,67 @@ fn decode_graph(bg: BinGraph, i: usize) -> Result<Graph, Diagnostics> {
     let label = bg.name.clone().unwrap_or_else(|| format!("graphs[{i}]"));
     let mut d = Diagnostics::default();
     let mut g = Graph::new(bg.name, bg.kind);
+    let tables = Tables {
+        targets: &bg.targets,
+        tensors: &bg.tensors,
+    };
     for (pos, n) in bg.nodes.iter().enumerate() {
-        let node = n.try_map_refs(&mut |&r| {
+        let at = |field: &str| Location::field(&label, &n.name, field);
+        let mut later = None;
+        let mut check = |&r: &u32| {
             if (r as usize) < pos {
-                Ok(NodeId::new(r as usize))
+                NodeId::new(r as usize)
             } else {
-                Err(r)
+                later.get_or_insert(r);
+                NodeId::end()
             }
-        });
-        match node {
-            Ok(node) => {
-                if let Err(p) = g.push(node) {
-                    d.push(Location::node(&label, &n.name), p);
-                }
-            }
-            Err(r) => {
-                let target = bg
-                    .nodes
-                    .get(r as usize)
-                    .map_or_else(|| format!("#{r}"), |t| t.name.clone());
-                d.push(
-                    Location::node(&label, &n.name),
-                    Problem::LaterRef { target },
-                );
-            }
+        };
+        let args = n.args.iter().map(|a| a.map_refs(&mut check)).collect();
+        let kwargs = n
+            .kwargs
+            .iter()
+            .map(|(k, a)| (k.clone(), a.map_refs(&mut check)))
+            .collect();
+        if let Some(r) = later {
+            let target = bg
+                .nodes
+                .get(r as usize)
+                .map_or_else(|| format!("#{r}"), |t| t.name.to_string());
+            d.push(
+                Location::node(&label, &n.name),
+                Problem::LaterRef { target },
+            );
+            return Err(d);
         }
-        if !d.is_empty() {
+        let target = tables.target(n.target);
+        let val = n.val.as_ref().map(|v| tables.val(v)).transpose();
+        let (target, val) = match (target, val) {
+            (Ok(t), Ok(v)) => (t, v),
+            (t, v) => {
+                if let Err(p) = t {
+                    d.push(at("target"), p);
+                }
+                if let Err(p) = v {
+                    d.push(at("meta.val"), p);
+                }
+                return Err(d);
+            }
+        };
+        let node = Node {
+            name: n.name.clone(),
+            op: n.op,
+            target,
+            args,
+            kwargs,
+            meta: Meta {
+                val,
+                aliases: n.aliases.clone(),
+                mutates: n.mutates.clone(),
+                device_time_ms: n.device_time_ms,
+            },
+        };
+        if let Err(p) = g.push(node) {
+            d.push(Location::node(&label, &n.name), p);
             return Err(d);
         }
     }
@@ -192,6 +314,48 @@ fn decode_graph(bg: BinGraph, i: usize) -> Result<Graph, Diagnostics> {
     Ok(g)
 }
 
+/// A graph's tables, looked up with a typed error for an index out of range.
+struct Tables<'t> {
+    targets: &'t [Str],
+    tensors: &'t [TensorMeta],
+}
+
+impl Tables<'_> {
+    fn target(&self, i: u32) -> Result<Str, Problem> {
+        lookup(self.targets, "targets", i)
+    }
+
+    fn tensor(&self, i: u32) -> Result<TensorMeta, Problem> {
+        lookup(self.tensors, "tensors", i)
+    }
+
+    fn val(&self, v: &BinVal) -> Result<Val, Problem> {
+        Ok(match v {
+            BinVal::Tensor(t) => Val::Tensor(self.tensor(*t)?),
+            BinVal::Tuple(ts) => Val::Tuple(
+                ts.iter()
+                    .map(|t| t.map(|t| self.tensor(t)).transpose())
+                    .collect::<Result<_, _>>()?,
+            ),
+            BinVal::Sym(s) => Val::Sym(s.clone()),
+            BinVal::Int(i) => Val::Int(*i),
+            BinVal::Float(x) => Val::Float(*x),
+            BinVal::Bool(b) => Val::Bool(*b),
+        })
+    }
+}
+
+fn lookup<T: Clone>(table: &[T], name: &'static str, i: u32) -> Result<T, Problem> {
+    table
+        .get(i as usize)
+        .cloned()
+        .ok_or(Problem::BadTableIndex {
+            table: name,
+            index: i,
+            len: table.len(),
+        })
+}
+
 /// The fast path's program: [`BinProgram`] as `#[derive(Decode)]` reads it (the same bytes,
 /// the same claims against the decode limit, so it fails wherever that fails), each node
 /// going into its graph as it is read, references checked and converted on the way. Any
@@ -199,7 +363,8 @@ fn decode_graph(bg: BinGraph, i: usize) -> Result<Graph, Diagnostics> {
 /// then names it. The context is the payload's length, which bounds what is reserved.
 struct FastProgram(Program);
 
-/// The fewest bytes a node takes: five lengths or tags and four `Option` tags.
+/// The fewest bytes a node takes: its name's length, op, target index, two lengths and four
+/// `Option` tags.
 const MIN_NODE_BYTES: usize = 9;
 
 // The fast path claims `Arg<u32>`s where it builds `Arg<NodeId>`s: the same size, so the
@@ -232,10 +397,11 @@ impl<'de> BorrowDecode<'de, usize> for FastProgram {
     }
 }
 
-/// A `String` as bincode writes it, copied out of the input: one exact allocation, where
-/// `String::decode` zeroes a buffer first. Same claim against the limit.
-fn string<'de, D: BorrowDecoder<'de>>(d: &mut D) -> Result<String, DecodeError> {
-    Ok(<&str>::borrow_decode(d)?.to_owned())
+/// A `String` as bincode writes it, copied out of the input: at most one exact allocation
+/// (none for a short [`crate::Str`]), where `String::decode` zeroes a buffer first. Same claim
+/// against the limit.
+fn string<'de, D: BorrowDecoder<'de>, S: From<&'de str>>(d: &mut D) -> Result<S, DecodeError> {
+    Ok(S::from(<&str>::borrow_decode(d)?))
 }
 
 /// An `Option` tag as bincode writes it.
@@ -248,13 +414,19 @@ fn decode_graph_fast<'de, D: BorrowDecoder<'de, Context = usize>>(
 ) -> Result<Graph, DecodeError> {
     let name = if is_some(d)? { Some(string(d)?) } else { None };
     let kind = GraphKind::decode(d)?;
+    let targets = Vec::<Str>::borrow_decode(d)?;
+    let tensors = Vec::<TensorMeta>::borrow_decode(d)?;
+    let tables = Tables {
+        targets: &targets,
+        tensors: &tensors,
+    };
     let mut g = Graph::new(name, kind);
     let len = decode_len(d)?;
-    d.claim_container_read::<Node<u32>>(len)?;
+    d.claim_container_read::<BinNode>(len)?;
     g.reserve(len.min(*d.context() / MIN_NODE_BYTES), 0);
     for pos in 0..len {
-        d.unclaim_bytes_read(std::mem::size_of::<Node<u32>>());
-        let node = decode_node(d, pos)?;
+        d.unclaim_bytes_read(std::mem::size_of::<BinNode>());
+        let node = decode_node(d, pos, &tables)?;
         g.push(node).map_err(|_| give_up())?;
     }
     let params = Vec::<Param<u32>>::decode(d)?;
@@ -264,20 +436,19 @@ fn decode_graph_fast<'de, D: BorrowDecoder<'de, Context = usize>>(
             return Err(give_up());
         }
         let node = NodeId::new(p.node as usize);
-        g.params.push(Param {
-            name: p.name,
-            node,
-            shape: p.shape,
-            dtype: p.dtype,
-            persistent: p.persistent,
-        });
+        g.params.push(p.with_node(node));
     }
     g.grads = Vec::<Grad>::decode(d)?;
     Ok(g)
 }
 
-/// Node `pos` of its graph, as `Node<u32>` decodes, with references to earlier nodes only.
-fn decode_node<'de, D: BorrowDecoder<'de>>(d: &mut D, pos: usize) -> Result<Node, DecodeError> {
+/// Node `pos` of its graph, as [`BinNode`] decodes, with references to earlier nodes only
+/// and its target and tensors taken from the graph's tables.
+fn decode_node<'de, D: BorrowDecoder<'de>>(
+    d: &mut D,
+    pos: usize,
+    tables: &Tables,
+) -> Result<Node, DecodeError> {
     let mut node_ref = |d: &mut D| {
         let r = u32::decode(d)? as usize;
         if r < pos {
@@ -288,7 +459,7 @@ fn decode_node<'de, D: BorrowDecoder<'de>>(d: &mut D, pos: usize) -> Result<Node
     };
     let name = string(d)?;
     let op = Op::decode(d)?;
-    let target = string(d)?;
+    let target = tables.target(u32::decode(d)?).map_err(|_| give_up())?;
     let len = decode_len(d)?;
     d.claim_container_read::<Arg<u32>>(len)?;
     let mut args = Vec::with_capacity(len);
@@ -297,69 +468,105 @@ fn decode_node<'de, D: BorrowDecoder<'de>>(d: &mut D, pos: usize) -> Result<Node
         args.push(crate::arg::decode_arg(d, &mut node_ref)?);
     }
     let len = decode_len(d)?;
-    d.claim_container_read::<(String, Arg<u32>)>(len)?;
+    d.claim_container_read::<(Str, Arg<u32>)>(len)?;
     let mut kwargs = BTreeMap::new();
     for _ in 0..len {
-        d.unclaim_bytes_read(std::mem::size_of::<(String, Arg<u32>)>());
+        d.unclaim_bytes_read(std::mem::size_of::<(Str, Arg<u32>)>());
         let key = string(d)?;
         let value = crate::arg::decode_arg(d, &mut node_ref)?;
         kwargs.insert(key, value);
     }
-    let meta = decode_meta(d)?;
+    let val = match Option::<BinVal>::decode(d)? {
+        Some(v) => Some(tables.val(&v).map_err(|_| give_up())?),
+        None => None,
+    };
     Ok(Node {
         name,
         op,
         target,
         args,
         kwargs,
-        meta,
+        meta: Meta {
+            val,
+            aliases: Decode::decode(d)?,
+            mutates: Decode::decode(d)?,
+            device_time_ms: Decode::decode(d)?,
+        },
     })
 }
 
-/// [`Meta`] as it decodes, its tensors by [`decode_tensor`].
-fn decode_meta<'de, D: BorrowDecoder<'de>>(d: &mut D) -> Result<Meta, DecodeError> {
-    let val = if is_some(d)? {
-        Some(match u32::decode(d)? {
-            0 => Val::Tensor(decode_tensor(d)?),
-            1 => {
-                let len = decode_len(d)?;
-                d.claim_container_read::<Option<TensorMeta>>(len)?;
-                let mut items = Vec::with_capacity(len);
-                for _ in 0..len {
-                    d.unclaim_bytes_read(std::mem::size_of::<Option<TensorMeta>>());
-                    items.push(if is_some(d)? {
-                        Some(decode_tensor(d)?)
-                    } else {
-                        None
-                    });
-                }
-                Val::Tuple(items)
-            }
-            2 => Val::Sym(SymInt::decode(d)?),
-            3 => Val::Int(i64::decode(d)?),
-            4 => Val::Float(f64::decode(d)?),
-            5 => Val::Bool(bool::decode(d)?),
-            _ => return Err(give_up()),
-        })
-    } else {
-        None
-    };
-    Ok(Meta {
-        val,
-        aliases: Decode::decode(d)?,
-        mutates: Decode::decode(d)?,
-        device_time_ms: Decode::decode(d)?,
-    })
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// [`TensorMeta`] as it decodes, its device string copied out of the input.
-fn decode_tensor<'de, D: BorrowDecoder<'de>>(d: &mut D) -> Result<TensorMeta, DecodeError> {
-    Ok(TensorMeta {
-        shape: Decode::decode(d)?,
-        dtype: Dtype::decode(d)?,
-        stride: Decode::decode(d)?,
-        storage_offset: Decode::decode(d)?,
-        device: if is_some(d)? { Some(string(d)?) } else { None },
-        requires_grad: Decode::decode(d)?,
-    })
+    /// A two-node graph in the wire form, its output's target and value indexes given.
+    fn document(target: u32, val: Option<BinVal>) -> Vec<u8> {
+        let node = |name: &str, op, target, args, val| BinNode {
+            name: Str::from(name),
+            op,
+            target,
+            args,
+            kwargs: BTreeMap::new(),
+            val,
+            aliases: None,
+            mutates: None,
+            device_time_ms: None,
+        };
+        let doc = BinProgram {
+            bundle: false,
+            graphs: vec![BinGraph {
+                name: Some("g".into()),
+                kind: GraphKind::Forward,
+                targets: vec![Str::from("x"), Str::from("output")],
+                tensors: vec![TensorMeta::new(vec![], crate::Dtype::Float32)],
+                nodes: vec![
+                    node("x", Op::Placeholder, 0, vec![], Some(BinVal::Tensor(0))),
+                    node("out", Op::Output, target, vec![Arg::Node(0)], val),
+                ],
+                params: vec![],
+                grads: vec![],
+            }],
+        };
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend(bincode::encode_to_vec(&doc, config()).unwrap());
+        out
+    }
+
+    #[test]
+    fn table_indexes_are_checked_and_named() {
+        let ok = import(&document(1, None)).unwrap();
+        assert_eq!(ok.graphs[0].nodes().nth(1).unwrap().1.target, "output");
+        let err = import(&document(2, None)).unwrap_err().to_string();
+        assert!(
+            err.contains("node `out`, field `target`") && err.contains("targets table"),
+            "{err}"
+        );
+        let err = import(&document(1, Some(BinVal::Tuple(vec![None, Some(1)]))))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("node `out`, field `meta.val`") && err.contains("tensors table"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn repeated_targets_and_tensors_are_stored_once() {
+        let p = crate::testing::llama_like(2);
+        let bin = export(&p);
+        let (doc, _): (BinProgram, usize) =
+            bincode::decode_from_slice(payload(&bin).unwrap(), config()).unwrap();
+        for (g, bg) in p.graphs.iter().zip(&doc.graphs) {
+            let distinct: std::collections::HashSet<&str> =
+                g.nodes().map(|(_, n)| n.target.as_str()).collect();
+            assert_eq!(bg.targets.len(), distinct.len());
+            assert!(
+                bg.tensors.len() < bg.nodes.len() / 2,
+                "{} tensors",
+                bg.tensors.len()
+            );
+        }
+        assert_eq!(export(&import(&bin).unwrap()), bin);
+    }
 }

@@ -114,6 +114,12 @@ pub enum Problem {
     GradOutOfRange { index: i64, len: usize },
     #[error("index {index} in meta is out of range (the node has {len} args)")]
     MetaIndexOutOfRange { index: i64, len: usize },
+    #[error("index {index} into the graph's {table} table is out of range (it has {len})")]
+    BadTableIndex {
+        table: &'static str,
+        index: u32,
+        len: usize,
+    },
     #[error("argument index {index} names no live node")]
     DanglingRef { index: usize },
     #[error("order is not a permutation of the graph's nodes")]

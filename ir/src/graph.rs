@@ -120,7 +120,9 @@ impl Graph {
         // One hash of the name for both the check and the insertion.
         let hash = self.names.hash(&node.name);
         if self.names.find(hash, &node.name, &self.dag).is_some() {
-            return Err(Problem::NameTaken { name: node.name });
+            return Err(Problem::NameTaken {
+                name: node.name.into(),
+            });
         }
         let mut bad = None;
         node.for_each_ref(|r| {
@@ -182,7 +184,7 @@ impl Graph {
         &mut self,
         id: NodeId,
         args: Vec<crate::Arg<NodeId>>,
-        kwargs: std::collections::BTreeMap<String, crate::Arg<NodeId>>,
+        kwargs: std::collections::BTreeMap<crate::Str, crate::Arg<NodeId>>,
     ) -> Result<(), Problem> {
         let mut probe = Node {
             args,
@@ -279,7 +281,7 @@ impl Graph {
     }
 
     /// Changes what a node calls; its arguments and edges stay.
-    pub fn set_target(&mut self, id: NodeId, target: impl Into<String>) {
+    pub fn set_target(&mut self, id: NodeId, target: impl Into<crate::Str>) {
         self.dag[id].target = target.into();
     }
 

@@ -20,6 +20,7 @@ mod names;
 pub mod node;
 pub mod program;
 pub mod side_table;
+pub mod string;
 pub mod tensor;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -32,6 +33,7 @@ pub use graph::{Grad, Graph, GraphKind, NodeId, Param};
 pub use node::{Meta, Node, Op};
 pub use program::{Form, Program};
 pub use side_table::SideTable;
+pub use string::Str;
 pub use tensor::{Dim, SymInt, TensorMeta, Val};
 
 /// Reads a document in either encoding, telling them apart by the binary form's magic bytes.

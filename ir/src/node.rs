@@ -1,6 +1,6 @@
 //! Nodes: op kind, target, arguments and metadata.
 
-use crate::{Arg, Val};
+use crate::{Arg, Str, Val};
 use bincode::{Decode, Encode};
 use std::collections::BTreeMap;
 
@@ -35,7 +35,7 @@ impl Op {
 }
 
 /// `meta`: what the exporter recorded about a node. Every field is optional in the format.
-#[derive(Clone, Debug, Default, PartialEq, Encode, Decode)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Meta {
     pub val: Option<Val>,
     /// Indexes into `args` whose storage the output may share; `None` = not recorded.
@@ -46,20 +46,20 @@ pub struct Meta {
 }
 
 /// One node, with references spelled as `R` (see [`crate::arg`]).
-#[derive(Clone, Debug, PartialEq, Encode, Decode)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Node<R = crate::NodeId> {
-    pub name: String,
+    pub name: Str,
     pub op: Op,
-    pub target: String,
+    pub target: Str,
     pub args: Vec<Arg<R>>,
     /// Sorted by key, so that output never depends on the input's key order.
-    pub kwargs: BTreeMap<String, Arg<R>>,
+    pub kwargs: BTreeMap<Str, Arg<R>>,
     pub meta: Meta,
 }
 
 impl<R> Node<R> {
     /// A `call_function` node with no keyword arguments and empty metadata.
-    pub fn call(name: impl Into<String>, target: impl Into<String>, args: Vec<Arg<R>>) -> Node<R> {
+    pub fn call(name: impl Into<Str>, target: impl Into<Str>, args: Vec<Arg<R>>) -> Node<R> {
         Node {
             name: name.into(),
             op: Op::CallFunction,

@@ -1,12 +1,12 @@
 //! Tensor metadata: shapes (concrete or symbolic with a hint), dtypes, exact byte sizes.
 
-use crate::Dtype;
+use crate::{Dtype, Str};
 use bincode::{Decode, Encode};
 
 /// A symbolic integer as the exporter saw it: its expression and the concrete value it had.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Encode, Decode)]
 pub struct SymInt {
-    pub expr: String,
+    pub expr: Str,
     pub hint: i64,
 }
 
@@ -35,7 +35,7 @@ pub struct TensorMeta {
     pub dtype: Dtype,
     pub stride: Option<Vec<Dim>>,
     pub storage_offset: Option<Dim>,
-    pub device: Option<String>,
+    pub device: Option<Str>,
     pub requires_grad: Option<bool>,
 }
 
@@ -65,7 +65,7 @@ impl TensorMeta {
 }
 
 /// The value a node produces, as its `meta.val` records it.
-#[derive(Clone, Debug, PartialEq, Encode, Decode)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Val {
     Tensor(TensorMeta),
     /// A multi-output op: one entry per output, `None` where the output is not a tensor.

@@ -35,7 +35,7 @@
 //! benchmarks.
 
 use crate::{
-    Arg, Dim, Dtype, Grad, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program, SymInt,
+    Arg, Dim, Dtype, Grad, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program, Str, SymInt,
     TensorMeta, Val,
 };
 use proptest::collection::vec;
@@ -179,7 +179,10 @@ pub fn literal_arg(depth: u32) -> BoxedStrategy<Arg<NodeId>> {
         prop_oneof![Just("strided"), Just("sparse_coo")].prop_map(|s| Arg::Layout(s.into())),
         prop_oneof![Just("contiguous_format"), Just("channels_last")]
             .prop_map(|s| Arg::MemoryFormat(s.into())),
-        (text(), any::<i64>()).prop_map(|(expr, hint)| Arg::Sym(SymInt { expr, hint })),
+        (text(), any::<i64>()).prop_map(|(expr, hint)| Arg::Sym(SymInt {
+            expr: expr.into(),
+            hint,
+        })),
         text().prop_map(Arg::Repr),
     ];
     leaf.prop_recursive(depth, 24, 4, |inner| {
@@ -336,7 +339,7 @@ enum Block {
     GetAttr,
     Literals(Vec<Arg<NodeId>>),
     /// Literal keyword arguments under arbitrary keys.
-    Kwargs(BTreeMap<String, Arg<NodeId>>),
+    Kwargs(BTreeMap<Str, Arg<NodeId>>),
 }
 
 fn shape_strategy(cfg: &Config) -> BoxedStrategy<Shape> {
@@ -446,7 +449,7 @@ fn block(cfg: &Config) -> BoxedStrategy<Block> {
         ));
         choices.push((
             1,
-            proptest::collection::btree_map(text(), literal_arg(2), 0..4)
+            proptest::collection::btree_map(text().prop_map(Str::from), literal_arg(2), 0..4)
                 .prop_map(Block::Kwargs)
                 .boxed(),
         ));
@@ -525,11 +528,11 @@ impl<'s> Builder<'s> {
 
     fn push(&mut self, mut node: Node) -> NodeId {
         // FX's scheme: `mm`, `mm_1`, `mm_2`, ... skipping names already taken.
-        let next = self.suffixes.entry(node.name.clone()).or_insert(0);
+        let next = self.suffixes.entry(node.name.to_string()).or_insert(0);
         loop {
             let name = match *next {
                 0 => node.name.clone(),
-                i => format!("{}_{i}", node.name),
+                i => format!("{}_{i}", node.name).into(),
             };
             *next += 1;
             if self.g.node_by_name(&name).is_none() {
@@ -623,7 +626,7 @@ impl<'s> Builder<'s> {
 fn placeholder(name: &str) -> Node {
     Node {
         op: Op::Placeholder,
-        target: name.to_owned(),
+        target: name.into(),
         ..Node::call(name, "", vec![])
     }
 }

@@ -86,7 +86,7 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
                     d.push(
                         Location::field(label, &n.name, field_of(fi)),
                         Problem::RefToOutput {
-                            target: target.name.clone(),
+                            target: target.name.to_string(),
                         },
                     );
                 }
@@ -95,7 +95,7 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
                     d.push(
                         Location::field(label, &n.name, field_of(fi)),
                         Problem::LaterRef {
-                            target: target.name.clone(),
+                            target: target.name.to_string(),
                         },
                     );
                 }
@@ -198,7 +198,7 @@ fn check_params(g: &Graph, d: &mut Diagnostics) {
             d.push(
                 at(),
                 Problem::ParamNotPlaceholder {
-                    node: node.name.clone(),
+                    node: node.name.to_string(),
                 },
             );
         }

@@ -3,10 +3,10 @@
 
 use std::collections::BTreeMap;
 pub use zerosched_ir::comm::*;
-use zerosched_ir::{Arg, Dtype, Graph, Node, NodeId, Param, SideTable};
+use zerosched_ir::{Arg, Dtype, Graph, Node, NodeId, Param, SideTable, Str};
 
-fn kwargs(pairs: Vec<(&str, Arg<NodeId>)>) -> BTreeMap<String, Arg<NodeId>> {
-    pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+fn kwargs(pairs: Vec<(&str, Arg<NodeId>)>) -> BTreeMap<Str, Arg<NodeId>> {
+    pairs.into_iter().map(|(k, v)| (Str::from(k), v)).collect()
 }
 
 fn call(
@@ -57,7 +57,7 @@ pub fn release(g: &Graph, value: NodeId, param: &str, after: &[NodeId]) -> Node 
 }
 
 /// A release's keywords: the parameter and the uses it must follow.
-pub fn release_kwargs(param: &str, after: &[NodeId]) -> BTreeMap<String, Arg<NodeId>> {
+pub fn release_kwargs(param: &str, after: &[NodeId]) -> BTreeMap<Str, Arg<NodeId>> {
     let after = Arg::List(after.iter().map(|&u| Arg::Node(u)).collect());
     kwargs(vec![
         ("param", Arg::Str(param.to_owned())),

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use zerosched_ir::comm::{self, CommOp};
 use zerosched_ir::{Arg, Dim, Dtype, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program};
-use zerosched_ir::{TensorMeta, Val};
+use zerosched_ir::{Str, TensorMeta, Val};
 use zerosched_passes::checker::{
     CheckOptions, CheckReport, Violation, Violations, check_graph, check_program,
 };
@@ -86,7 +86,7 @@ impl B {
         shape: &[u64],
     ) -> NodeId {
         let node = Node {
-            kwargs: kwargs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            kwargs: kwargs.into_iter().map(|(k, v)| (Str::from(k), v)).collect(),
             meta: Meta {
                 val: Some(tensor(shape, Dtype::Float32)),
                 ..Meta::default()
@@ -574,7 +574,7 @@ fn named(g: &Graph, name: &str) -> NodeId {
 }
 
 fn name(g: &Graph, id: NodeId) -> String {
-    g.node(id).name.clone()
+    g.node(id).name.to_string()
 }
 
 /// Moves `node` to just before `before` in the program order.
@@ -601,7 +601,7 @@ fn move_after(g: &mut Graph, node: NodeId, after: NodeId) {
 fn set_kwarg(g: &mut Graph, id: NodeId, key: &str, value: Arg<NodeId>) {
     let x = g.node(id);
     let (args, mut kwargs) = (x.args.clone(), x.kwargs.clone());
-    kwargs.insert(key.to_owned(), value);
+    kwargs.insert(key.into(), value);
     g.set_args(id, args, kwargs).expect("valid references");
 }
 

@@ -97,7 +97,7 @@ fn returned_shards(g: &Graph) -> Vec<(usize, String)> {
         .enumerate()
         .filter_map(|(i, a)| {
             let id = *a.as_node()?;
-            g.param_of(id).map(|_| (i, g.node(id).name.clone()))
+            g.param_of(id).map(|_| (i, g.node(id).name.to_string()))
         })
         .collect()
 }
@@ -413,7 +413,7 @@ fn moe_uses(experts: usize) -> Vec<(String, String)> {
 fn expert_order(g: &Graph) -> Vec<String> {
     g.nodes()
         .filter(|(_, n)| n.name.starts_with("expert_"))
-        .map(|(_, n)| n.name.clone())
+        .map(|(_, n)| n.name.to_string())
         .collect()
 }
 

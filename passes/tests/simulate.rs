@@ -53,7 +53,7 @@ impl Builder {
     fn input(&mut self, name: &str, numel: u64) -> NodeId {
         let node = Node {
             op: Op::Placeholder,
-            target: name.to_owned(),
+            target: name.into(),
             meta: Meta {
                 val: f32s(numel),
                 ..Meta::default()
@@ -87,7 +87,7 @@ impl Builder {
         let list = Arg::List(values.iter().map(|&v| Arg::Node(v)).collect());
         let node = Node {
             op: Op::Output,
-            target: "output".to_owned(),
+            target: "output".into(),
             ..Node::call("output", "", vec![list])
         };
         self.g.push(node).unwrap();
@@ -206,7 +206,7 @@ fn two_gathers(bucketed: bool) -> Graph {
         for &id in &gathers {
             let n = g.node(id);
             let (args, mut kwargs) = (n.args.clone(), n.kwargs.clone());
-            kwargs.insert("bucket".to_owned(), Arg::Int(7));
+            kwargs.insert("bucket".into(), Arg::Int(7));
             g.set_args(id, args, kwargs).unwrap();
         }
     }
@@ -306,7 +306,7 @@ fn an_unsharded_gradient_is_all_reduced() {
     let r = find(&g, CommOp::ReduceGrad)[1];
     let n = g.node(r);
     let (args, mut kwargs) = (n.args.clone(), n.kwargs.clone());
-    kwargs.insert("sharded".to_owned(), Arg::Bool(false));
+    kwargs.insert("sharded".into(), Arg::Bool(false));
     g.set_args(r, args, kwargs).unwrap();
     let s = sim(&g);
     // An all-reduce moves twice the bytes: 1 + 2 × 1 ms.

@@ -120,7 +120,7 @@ impl Inputs {
         let Some(Val::Tensor(meta)) = &n.meta.val else {
             return Err(format!("placeholder `{}` has no tensor metadata", n.name));
         };
-        if let Some(t) = self.given.get(&n.name) {
+        if let Some(t) = self.given.get(n.name.as_str()) {
             fits(&n.name, t, g.label(), &shape_of(meta), meta.dtype).map_err(|e| e.to_string())?;
             return Ok(t.tensor.clone());
         }

@@ -489,7 +489,7 @@ impl<B: Backend> Executor<B> {
             .filter(|(_, n)| {
                 n.op == Op::CallFunction && CommOp::of(n).is_none() && !self.backend.supports(n)
             })
-            .map(|(_, n)| (n.name.clone(), n.target.clone()))
+            .map(|(_, n)| (n.name.to_string(), n.target.to_string()))
             .collect();
         if missing.is_empty() {
             Ok(())
@@ -515,8 +515,8 @@ impl<B: Backend> Executor<B> {
             let n = g.node(id);
             ExecError::Node {
                 graph: graph.clone(),
-                node: n.name.clone(),
-                target: n.target.clone(),
+                node: n.name.to_string(),
+                target: n.target.to_string(),
                 message,
             }
         };
@@ -609,11 +609,11 @@ impl<B: Backend> Executor<B> {
                 if let Some((how, by)) = freed.filter(|_| real) {
                     return Err(ExecError::UseAfterFree(Box::new(UseAfterFree {
                         graph: graph.clone(),
-                        node: n.name.clone(),
-                        value: g.node(NodeId::new(v as usize)).name.clone(),
-                        storage: g.node(NodeId::new(c as usize)).name.clone(),
+                        node: n.name.to_string(),
+                        value: g.node(NodeId::new(v as usize)).name.to_string(),
+                        storage: g.node(NodeId::new(c as usize)).name.to_string(),
                         how,
-                        by: g.node(by).name.clone(),
+                        by: g.node(by).name.to_string(),
                     })));
                 }
                 // A release's `after` references only order it.

@@ -51,7 +51,7 @@ impl<B: Backend> Feed<B> for ProgramFeed<'_, B> {
             return Ok(t);
         }
         let n = g.node(id);
-        if let Some(v) = self.carried.get(&n.name) {
+        if let Some(v) = self.carried.get(n.name.as_str()) {
             return v
                 .get(rank as usize)
                 .cloned()
@@ -108,7 +108,7 @@ pub fn run_plans<B: Backend>(
                 .map(|o| o.get(slot).cloned().flatten())
                 .collect();
             if let Some(vals) = per_rank {
-                feed.carried.insert(g.node(v).name.clone(), vals);
+                feed.carried.insert(g.node(v).name.to_string(), vals);
             }
         }
         graphs.push(run);

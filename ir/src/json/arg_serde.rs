@@ -173,7 +173,10 @@ impl<'de, R: ReadRef<'de>> Visitor<'de> for ArgVisitor<R> {
         }
         match (found, sym, hint) {
             (Some(a), None, None) => Ok(a),
-            (None, Some(expr), Some(hint)) => Ok(Arg::Sym(SymInt { expr, hint })),
+            (None, Some(expr), Some(hint)) => Ok(Arg::Sym(SymInt {
+                expr: expr.into(),
+                hint,
+            })),
             (None, Some(_), None) => Err(de::Error::custom("a `sym` ARG needs a `hint`")),
             _ => Err(de::Error::custom(
                 "expected one of node, dtype, device, layout, memory_format, float, slice, sym, repr",

@@ -13,8 +13,8 @@
 
 use super::arg_serde::{ArgSeed, ArgsSeed, ReadRef};
 use crate::{
-    Dim, Dtype, Grad, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program, SymInt, TensorMeta,
-    Val,
+    Dim, Dtype, Grad, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program, Str, SymInt,
+    TensorMeta, Val,
 };
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::collections::BTreeMap;
@@ -493,8 +493,7 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
         let mut seen = Seen::default();
         let resolve = Resolve(self.0);
-        let (mut name, mut op, mut target): (Option<String>, _, Option<String>) =
-            (None, None, None);
+        let (mut name, mut op, mut target): (Option<Str>, _, Option<Str>) = (None, None, None);
         let mut args = Vec::new();
         let mut kwargs = BTreeMap::new();
         let mut meta = Meta::default();
@@ -518,7 +517,7 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
         };
         let target = match (target, op) {
             (Some(t), _) => t,
-            (None, Op::Output) => "output".to_owned(),
+            (None, Op::Output) => "output".into(),
             (None, Op::Placeholder) => name.clone(),
             (None, _) => return Err(give_up()),
         };
@@ -552,20 +551,20 @@ impl<'de> ReadRef<'de> for Resolve<'_> {
 struct KwargsSeed<'g>(Resolve<'g>);
 
 impl<'de> DeserializeSeed<'de> for KwargsSeed<'_> {
-    type Value = BTreeMap<String, crate::Arg<NodeId>>;
+    type Value = BTreeMap<Str, crate::Arg<NodeId>>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_map(self)
     }
 }
 
 impl<'de> Visitor<'de> for KwargsSeed<'_> {
-    type Value = BTreeMap<String, crate::Arg<NodeId>>;
+    type Value = BTreeMap<Str, crate::Arg<NodeId>>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a map")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut out = BTreeMap::new();
-        while let Some(k) = map.next_key::<String>()? {
+        while let Some(k) = map.next_key::<Str>()? {
             let a = map.next_value_seed(ArgSeed(self.0))?;
             // The careful path keeps the last of repeated keys; not worth matching.
             if out.insert(k, a).is_some() {
@@ -668,9 +667,9 @@ struct Obj {
     dtype: Option<Dtype>,
     stride: Option<Vec<Dim>>,
     storage_offset: Option<Dim>,
-    device: Option<String>,
+    device: Option<Str>,
     requires_grad: Option<bool>,
-    sym: Option<String>,
+    sym: Option<Str>,
     hint: Option<i64>,
 }
 
@@ -738,9 +737,9 @@ impl<'de> Visitor<'de> for ObjSeed {
                 1 => o.dtype = Some(map.next_value_seed(Peek(Dtype::from_name))?),
                 2 => o.stride = map.next_value_seed(Nullable(ListSeed(DimSeed)))?,
                 3 => o.storage_offset = map.next_value_seed(Nullable(DimSeed))?,
-                4 => o.device = map.next_value_seed(Nullable(plain::<String>()))?,
+                4 => o.device = map.next_value_seed(Nullable(plain::<Str>()))?,
                 5 => o.requires_grad = map.next_value_seed(Nullable(plain::<bool>()))?,
-                6 => o.sym = Some(map.next_value::<String>()?),
+                6 => o.sym = Some(map.next_value::<Str>()?),
                 _ => o.hint = Some(map.next_value::<i64>()?),
             }
         }

@@ -120,7 +120,7 @@ fn graph(doc: RawGraph, label: &str) -> Result<Graph, Diagnostics> {
             path.clear();
             path.push_str(&format!("kwargs.{k}"));
             kwargs.insert(
-                k.clone(),
+                k.into(),
                 resolver.arg(a, &mut path, &mut |f, p| d.push(at(f), p)),
             );
         }
@@ -162,9 +162,9 @@ fn graph(doc: RawGraph, label: &str) -> Result<Graph, Diagnostics> {
             device_time_ms: n.meta.device_time_ms,
         };
         nodes.push(Node {
-            name: n.name.clone(),
+            name: n.name.as_str().into(),
             op,
-            target,
+            target: target.into(),
             args,
             kwargs,
             meta,

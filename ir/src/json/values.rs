@@ -74,7 +74,7 @@ pub(super) fn tensor(o: &Map<String, Value>) -> Result<TensorMeta, FieldError> {
     };
     let device = match o.get("device") {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::String(s)) => Some(s.into()),
         Some(_) => return Err(("device".into(), bad("expected a string".into()))),
     };
     let requires_grad = match o.get("requires_grad") {
@@ -125,7 +125,7 @@ fn sym(v: &Value) -> Result<SymInt, Problem> {
     let hint = v.get("hint").and_then(Value::as_i64);
     match (expr, hint) {
         (Some(expr), Some(hint)) => Ok(SymInt {
-            expr: expr.to_owned(),
+            expr: expr.into(),
             hint,
         }),
         _ => Err(bad(format!(

@@ -141,7 +141,7 @@ impl<'a> Ctx<'a> {
     }
 
     fn name(&self, id: NodeId) -> String {
-        self.g.node(id).name.clone()
+        self.g.node(id).name.to_string()
     }
 
     fn pos(&self, id: NodeId) -> usize {

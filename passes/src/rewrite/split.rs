@@ -172,7 +172,7 @@ fn copy_chain(
             continue;
         }
         let mut node = g.node(v).clone();
-        node.name = g.fresh_name(&node.name);
+        node.name = g.fresh_name(&node.name).into();
         let node = node.map_refs(&mut |r| copies.get(r).copied().unwrap_or(*r));
         let c = g.add(node)?;
         before.entry(anchor).or_default().push(c);

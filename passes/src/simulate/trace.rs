@@ -84,7 +84,7 @@ fn comm_event(out: &mut String, g: &Graph, span: &CommSpan, offset: f64) -> Resu
     let first = span.nodes.first().map(|&id| g.node(id));
     let name = match (span.nodes.len(), first.and_then(ops::bucket)) {
         (2.., Some(b)) => format!("bucket {b}"),
-        _ => first.map(|n| n.name.clone()).unwrap_or_default(),
+        _ => first.map(|n| n.name.to_string()).unwrap_or_default(),
     };
     let cat = match span.kind {
         Collective::AllGather => "all_gather",

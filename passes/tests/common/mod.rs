@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use zerosched_ir::{
-    Arg, Dim, Dtype, Graph, GraphKind, Meta, Node, NodeId, Op, Param, TensorMeta, Val,
+    Arg, Dim, Dtype, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Str, TensorMeta, Val,
 };
 
 pub struct Builder {
@@ -85,7 +85,7 @@ impl Builder {
         let n = self.g.node(id);
         let mut kwargs = n.kwargs.clone();
         for (k, v) in kw {
-            kwargs.insert((*k).to_owned(), v.clone());
+            kwargs.insert(Str::from(*k), v.clone());
         }
         let args = n.args.clone();
         self.g.set_args(id, args, kwargs).expect("valid refs");
@@ -130,7 +130,7 @@ pub fn pos(g: &Graph, name: &str) -> usize {
 }
 
 pub fn names(g: &Graph) -> Vec<String> {
-    g.nodes().map(|(_, n)| n.name.clone()).collect()
+    g.nodes().map(|(_, n)| n.name.to_string()).collect()
 }
 
 /// Forward and backward of `layers` linear layers: the forward saves each layer's input, the
