@@ -187,7 +187,10 @@ def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: l
         FakeTensorProp(new_gm, detect_fake_mode(ex)).propagate_dont_convert_inputs(*ex)
         # A release frees its gathered buffer's storage where Inductor cannot see it: Inductor must
         # not hand that buffer to a later kernel (the caching allocator still recycles the memory).
-        with inductor_config.patch(allow_buffer_reuse=False, inplace_buffers=False):
+        # Inductor's reordering for peak memory moves gathers ahead of releases that the schedule
+        # put before them (it does not hold to the order of effectful ops that return nothing),
+        # which breaks the budget: the graph runs in the scheduled order.
+        with inductor_config.patch(allow_buffer_reuse=False, inplace_buffers=False, reorder_for_peak_memory=False):
             return compile_fx_inner(new_gm, ex, is_backward=kind == "backward", is_inference=kind == "inference")
     from functorch.compile import make_boxed_func
 
