@@ -63,7 +63,7 @@ def cache_hits() -> list[int]:
     return hits
 
 
-def layers_compiled_one_by_one() -> dict:
+def layers_compiled_one_by_one(inner: str) -> dict:
     """Each layer of the MLP compiled on its own: dynamo runs the graph it compiled for the first
     layer for the other three, with their parameters as inputs.  Every rank runs the whole batch,
     so each shard's averaged gradient is its slice of the unsharded model's."""
@@ -71,7 +71,7 @@ def layers_compiled_one_by_one() -> dict:
     ref, model = MLP(16), MLP(16)
     model.load_state_dict(ref.state_dict())
     h = zerosched.shard(model)
-    backend = zerosched.backend(debug=True)
+    backend = zerosched.backend(inner=inner, debug=True)
     x = torch.randn(4, 16)
     torch._dynamo.reset()
     graphs0 = zb.STATS.graphs

@@ -189,8 +189,11 @@ def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: l
         # not hand that buffer to a later kernel (the caching allocator still recycles the memory).
         # Inductor's reordering for peak memory moves gathers ahead of releases that the schedule
         # put before them (it does not hold to the order of effectful ops that return nothing),
-        # which breaks the budget: the graph runs in the scheduled order.
-        with inductor_config.patch(allow_buffer_reuse=False, inplace_buffers=False, reorder_for_peak_memory=False):
+        # which breaks the budget: the graph runs in the scheduled order.  Inductor's graph cache
+        # is off: the ops' fake kernels size reductions by the runtime's world size and
+        # persistence, which its key does not hold (a graph compiled on one rank was reused on two).
+        with inductor_config.patch(allow_buffer_reuse=False, inplace_buffers=False, reorder_for_peak_memory=False,
+                                   fx_graph_cache=False):
             return compile_fx_inner(new_gm, ex, is_backward=kind == "backward", is_inference=kind == "inference")
     from functorch.compile import make_boxed_func
 
