@@ -61,3 +61,36 @@ def cache_hits() -> list[int]:
     finally:
         h.close()
     return hits
+
+
+def layers_compiled_one_by_one(inner: str) -> dict:
+    """Each layer of the MLP compiled on its own: dynamo runs the graph it compiled for the first
+    layer for the other three, with their parameters as inputs.  Every rank runs the whole batch,
+    so each shard's averaged gradient is its slice of the unsharded model's."""
+    torch.manual_seed(0)
+    ref, model = MLP(16), MLP(16)
+    model.load_state_dict(ref.state_dict())
+    h = zerosched.shard(model)
+    backend = zerosched.backend(inner=inner, debug=True)
+    x = torch.randn(4, 16)
+    torch._dynamo.reset()
+    graphs0 = zb.STATS.graphs
+    try:
+        for i, layer in enumerate(model.layers):
+            model.layers[i] = torch.compile(layer, backend=backend)
+        loss = model(x)
+        loss.backward()
+        ref_loss = ref(x)
+        ref_loss.backward()
+        grad_err = {}
+        for (name, p), e in zip(ref.named_parameters(), h.entries):
+            flat = torch.zeros(e.padded)
+            flat[: e.numel] = p.grad.reshape(-1)
+            want = flat[e.rank * e.chunk : (e.rank + 1) * e.chunk]
+            got = e.shard.grad
+            grad_err[name] = float("inf") if got is None else float((got - want).abs().max() / p.grad.abs().max())
+        return {"loss": loss.item(), "ref_loss": ref_loss.item(), "grad_err": grad_err,
+                "graphs": zb.STATS.graphs - graphs0}
+    finally:
+        h.close()
+        torch._dynamo.reset()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import backend_cases
 
 
@@ -13,3 +15,16 @@ def test_ranks_that_reach_different_schedules_raise_instead_of_hanging(ranks):
 def test_a_graph_compiled_again_is_scheduled_from_the_cache(ranks):
     for hits in ranks.run(backend_cases.cache_hits):
         assert hits == [0, 2]  # the forward and the backward graph
+
+
+# The other layers' graphs are compiled while the step runs, outside dynamo: Inductor too.
+@pytest.mark.parametrize("inner", ["eager", "inductor"])
+def test_one_compiled_graph_run_for_several_layers_gathers_each_layers_parameters(ranks, inner):
+    for r in ranks.run(backend_cases.layers_compiled_one_by_one, inner):
+        assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-6)
+        worst = max(r["grad_err"].items(), key=lambda kv: kv[1])
+        assert worst[1] <= 1e-6, f"{worst[0]}: gradient differs from the reference by {worst[1]:.2e}"
+        assert len(r["grad_err"]) == 8
+        # A forward and a backward graph per layer: the graph dynamo reuses is scheduled again
+        # for each other layer's parameters.
+        assert r["graphs"] == 8

@@ -21,6 +21,9 @@ SPECS = {
     # float32 experts: transformers' batched_mm (index + bmm); grouped_mm has bfloat16-only fake kernels.
     "qwen2-moe": models.ModelSpec(model="qwen2-moe", experts_impl="batched_mm"),
     "gpt2": models.ModelSpec(model="gpt2"),
+    # transformers' default experts: a loop over the experts hit, found with `nonzero`, which
+    # breaks the graph; the decoder then runs eagerly around compiled pieces.
+    "qwen2-moe-eager": models.ModelSpec(model="qwen2-moe", experts_impl="eager"),
 }
 
 
@@ -77,17 +80,21 @@ def train(name: str, inner: str, budget: int, cost: dict | None = None, persiste
     runtime.RUNTIME.peak_gathered_bytes = 0
     buckets0 = runtime.RUNTIME.coalesced_gathers
     compiled = torch.compile(model, backend=zerosched.backend(budget=budget, inner=inner, cost=cost, debug=True))
-    out: dict = {"loss": [], "ref_loss": [], "gathered_between": [], "bytes_between": [], "model_grads": []}
+    out: dict = {"loss": [], "ref_loss": [], "gathered_between": [], "bytes_between": [], "model_grads": [],
+                 "fallback_after_forward": [], "fallback_between": []}
     b = spec.batch
     try:
         for ids in batches(spec, world, steps):
             ids = ids.to(device)
             mine = ids[rank * b : (rank + 1) * b]
-            out["loss"].append(mean_over_ranks(step(compiled(input_ids=mine, labels=mine).loss, opt)))
+            loss = compiled(input_ids=mine, labels=mine).loss
+            out["fallback_after_forward"].append(sorted(runtime.RUNTIME.fallback))
+            out["loss"].append(mean_over_ranks(step(loss, opt)))
             out["ref_loss"].append(step(ref(input_ids=ids, labels=ids).loss, opt_ref))
 
             out["gathered_between"].append(sharded.gathered())
             out["bytes_between"].append(runtime.RUNTIME.gathered_bytes)
+            out["fallback_between"].append(sorted(runtime.RUNTIME.fallback))
             out["model_grads"].append(
                 [e.name for e in sharded.entries if not e.persistent and e.param.grad is not None]
             )

@@ -60,15 +60,22 @@ class Runtime:
 
     def __init__(self) -> None:
         self.params: dict[str, ShardedParam] = {}
+        self.by_param: dict[int, ShardedParam] = {}  # id of the model's parameter -> its entry
         self.gathers: dict[str, tuple[dist.Work | None, torch.Tensor]] = {}  # in flight, per parameter
         self.reductions: list[tuple[dist.Work | None, ShardedParam, torch.Tensor]] = []
         self.gathered_bytes = 0  # gathered by compiled graphs and not yet released
         self.peak_gathered_bytes = 0
         self.live: dict[int, tuple[str, int]] = {}  # data_ptr of a gathered buffer -> (name, bytes)
         self.fallback: set[str] = set()  # gathered eagerly by the fallback, awaiting their backward
+        self.fallback_release_queued = False
         self.fallback_gathers = 0
         self.coalesced_gathers = 0  # buckets issued as one collective
         self.shard_calls = 0
+
+    def name_of(self, param: torch.Tensor) -> str | None:
+        """The name of a model's parameter, or None for a tensor that is not one."""
+        e = self.by_param.get(id(param))
+        return e.name if e is not None else None
 
     def entry(self, name: str) -> ShardedParam:
         try:
@@ -125,6 +132,7 @@ class ShardedModel:
         names = {e.name for e in self.entries}
         for e in self.entries:
             RUNTIME.params.pop(e.name, None)
+            RUNTIME.by_param.pop(id(e.param), None)
             RUNTIME.fallback.discard(e.name)
             RUNTIME.gathers.pop(e.name, None)
         for ptr in [p for p, (n, _) in RUNTIME.live.items() if n in names]:
@@ -176,6 +184,7 @@ def shard(model: torch.nn.Module, group: dist.ProcessGroup | None = None,
     handle = ShardedModel(model, entries)
     for e in entries:
         RUNTIME.params[e.name] = e
+        RUNTIME.by_param[id(e.param)] = e
     handle._hooks = _install_fallback(model, entries)
     return handle
 
@@ -306,6 +315,7 @@ def end_backward() -> None:
     for work, e, out in pending:
         _join(work, out)
         _accumulate(e, out)
+    _release_fallback_after_backward()
 
 
 def _accumulate(e: ShardedParam, summed: torch.Tensor) -> None:
@@ -356,9 +366,16 @@ def _pre_forward(own: list[ShardedParam]):
             if e.param.untyped_storage().nbytes() == 0:
                 _fallback_gather(e)
 
+    # After a graph break dynamo runs the rest of the frame eagerly but still compiles every
+    # frame that code calls, this hook's included: compiled on its own, it would see
+    # is_compiling() and gather nothing, and the module would read freed storage.  So dynamo
+    # never compiles the hook as a frame of its own; it still inlines it, as a no-op, into
+    # frames it traces.
+    torch._dynamo.eval_frame.skip_code(hook.__code__)
     return hook
 
 
+@torch.compiler.disable  # eager code: dynamo must not turn the gather into a graph
 def _fallback_gather(e: ShardedParam) -> None:
     storage = e.param.untyped_storage()
     storage.resize_(e.padded * e.param.element_size())
@@ -381,5 +398,23 @@ def _post_accumulate(e: ShardedParam):
         if e.name in RUNTIME.fallback:
             RUNTIME.fallback.discard(e.name)
             param.untyped_storage().resize_(0)
+        _release_fallback_after_backward()
 
     return hook
+
+
+def _release_fallback_after_backward() -> None:
+    """Called during a backward: once it has run to the end, frees every parameter the fallback
+    still holds.  Those are parameters whose module ran its pre-hook eagerly but its body in a
+    compiled graph (which gathered its own copy), or whose eager use needed no gradient: no
+    post-accumulate-grad hook releases them, and the backward's end is the end of their use."""
+    if RUNTIME.fallback and not RUNTIME.fallback_release_queued and torch._C._current_graph_task_id() != -1:
+        RUNTIME.fallback_release_queued = True
+        torch.autograd.Variable._execution_engine.queue_callback(_release_fallback)
+
+
+def _release_fallback() -> None:
+    RUNTIME.fallback_release_queued = False
+    for name in sorted(RUNTIME.fallback):
+        RUNTIME.params[name].param.untyped_storage().resize_(0)
+    RUNTIME.fallback.clear()
