@@ -239,32 +239,40 @@ fn decode_graph(bg: BinGraph, i: usize) -> Result<Graph, Diagnostics> {
     };
     for (pos, n) in bg.nodes.iter().enumerate() {
         let at = |field: &str| Location::field(&label, &n.name, field);
-        let mut later = None;
         let mut check = |&r: &u32| {
             if (r as usize) < pos {
-                NodeId::new(r as usize)
+                Ok(NodeId::new(r as usize))
             } else {
-                later.get_or_insert(r);
-                NodeId::end()
+                Err(r)
             }
         };
-        let args = n.args.iter().map(|a| a.map_refs(&mut check)).collect();
-        let kwargs = n
-            .kwargs
+        let refs = n
+            .args
             .iter()
-            .map(|(k, a)| (k.clone(), a.map_refs(&mut check)))
-            .collect();
-        if let Some(r) = later {
-            let target = bg
-                .nodes
-                .get(r as usize)
-                .map_or_else(|| format!("#{r}"), |t| t.name.to_string());
-            d.push(
-                Location::node(&label, &n.name),
-                Problem::LaterRef { target },
-            );
-            return Err(d);
-        }
+            .map(|a| a.try_map_refs(&mut check))
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(|args| {
+                let kwargs = n
+                    .kwargs
+                    .iter()
+                    .map(|(k, a)| Ok((k.clone(), a.try_map_refs(&mut check)?)))
+                    .collect::<Result<BTreeMap<_, _>, u32>>()?;
+                Ok((args, kwargs))
+            });
+        let (args, kwargs) = match refs {
+            Ok(refs) => refs,
+            Err(r) => {
+                let target = bg
+                    .nodes
+                    .get(r as usize)
+                    .map_or_else(|| format!("#{r}"), |t| t.name.to_string());
+                d.push(
+                    Location::node(&label, &n.name),
+                    Problem::LaterRef { target },
+                );
+                return Err(d);
+            }
+        };
         let target = tables.target(n.target);
         let val = n.val.as_ref().map(|v| tables.val(v)).transpose();
         let (target, val) = match (target, val) {
