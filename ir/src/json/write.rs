@@ -1,13 +1,19 @@
 //! Deterministic JSON export: fixed field order, kwargs sorted by key, one node per line.
+//!
+//! The document is written directly as bytes: field names are constants, and a string is
+//! copied as it is unless it holds a byte JSON must escape, in which case serde_json writes
+//! it. Numbers are written as serde_json writes them, so the text is what serializing the
+//! same values with serde_json would give.
 
 use crate::{Arg, Dim, Form, Graph, Meta, Node, NodeId, Program, SideTable, TensorMeta, Val};
-use serde::Serialize;
-use serde::ser::{SerializeMap, SerializeSeq, Serializer};
-use std::io::Write;
+
+/// Bytes per node of a typical export, to size the output once instead of growing it.
+const BYTES_PER_NODE: usize = 320;
 
 /// Writes a program as an `fx-program` bundle, or as a single `fx-graph` if it was read as one.
 pub fn export(program: &Program) -> Vec<u8> {
-    let mut out = Vec::new();
+    let nodes: usize = program.graphs.iter().map(Graph::len).sum();
+    let mut out = Vec::with_capacity(nodes.saturating_mul(BYTES_PER_NODE));
     if program.form == Form::Graph && program.graphs.len() == 1 {
         write_graph(&mut out, &program.graphs[0]);
     } else {
@@ -26,7 +32,7 @@ pub fn export(program: &Program) -> Vec<u8> {
 
 /// Writes one graph as an `fx-graph` document.
 pub fn export_graph(graph: &Graph) -> Vec<u8> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(graph.len().saturating_mul(BYTES_PER_NODE));
     write_graph(&mut out, graph);
     out.push(b'\n');
     out
@@ -37,183 +43,146 @@ fn write_graph(out: &mut Vec<u8>, g: &Graph) {
     for (id, n) in g.nodes() {
         names[id] = n.name.as_str();
     }
-    out.extend_from_slice(b"{\"format\":\"fx-graph\",\"version\":1,");
+    let mut w = Writer { out, names: &names };
+    w.raw(b"{\"format\":\"fx-graph\",\"version\":1,");
     if let Some(name) = &g.name {
-        json(out, "name", name);
+        w.raw(b"\"name\":");
+        w.str(name);
+        w.raw(b",");
     }
-    json(out, "kind", g.kind.name());
-    out.extend_from_slice(b"\"nodes\":[\n");
+    w.raw(b"\"kind\":");
+    w.str(g.kind.name());
+    w.raw(b",\"nodes\":[\n");
     for (i, (_, n)) in g.nodes().enumerate() {
         if i > 0 {
-            out.extend_from_slice(b",\n");
+            w.raw(b",\n");
         }
-        to_json(
-            out,
-            &NodeOut {
-                node: n,
-                names: &names,
-            },
-        );
+        w.node(n);
     }
-    out.extend_from_slice(b"\n],\"params\":[");
+    w.raw(b"\n],\"params\":[");
     for (i, p) in g.params.iter().enumerate() {
         if i > 0 {
-            out.push(b',');
+            w.raw(b",");
         }
-        let shape = DimsOut(&p.shape);
-        let param = ParamOut {
-            name: &p.name,
-            node: names[p.node],
-            shape,
-            dtype: p.dtype.name(),
-            persistent: p.persistent,
-        };
-        to_json(out, &param);
+        w.raw(b"{\"name\":");
+        w.str(&p.name);
+        w.raw(b",\"node\":");
+        w.str(names[p.node]);
+        w.raw(b",\"shape\":");
+        w.dims(&p.shape);
+        w.raw(b",\"dtype\":");
+        w.str(p.dtype.name());
+        if p.persistent {
+            w.raw(b",\"persistent\":true");
+        }
+        w.raw(b"}");
     }
-    out.extend_from_slice(b"],\"grads\":[");
+    w.raw(b"],\"grads\":[");
     for (i, gr) in g.grads.iter().enumerate() {
         if i > 0 {
-            out.push(b',');
+            w.raw(b",");
         }
-        to_json(
-            out,
-            &GradOut {
-                param: &gr.param,
-                output_index: gr.output_index,
-            },
-        );
+        w.raw(b"{\"param\":");
+        w.str(&gr.param);
+        w.raw(b",\"output_index\":");
+        w.int(gr.output_index);
+        w.raw(b"}");
     }
-    out.extend_from_slice(b"]}");
+    w.raw(b"]}");
 }
 
-fn json(out: &mut Vec<u8>, key: &str, value: &str) {
-    to_json(out, key);
-    out.push(b':');
-    to_json(out, value);
-    out.push(b',');
-}
-
-fn to_json<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
-    // Serializing these types into a Vec cannot fail: no maps with non-string keys, no I/O.
-    let _ = serde_json::to_writer(&mut *out, value);
-    let _ = out.flush();
-}
-
-#[derive(Serialize)]
-struct ParamOut<'a> {
-    name: &'a str,
-    node: &'a str,
-    shape: DimsOut<'a>,
-    dtype: &'a str,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    persistent: bool,
-}
-
-#[derive(Serialize)]
-struct GradOut<'a> {
-    param: &'a str,
-    output_index: u32,
-}
-
-struct NodeOut<'a> {
-    node: &'a Node,
+struct Writer<'a> {
+    out: &'a mut Vec<u8>,
     names: &'a SideTable<&'a str>,
 }
 
-impl Serialize for NodeOut<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let n = self.node;
-        let mut m = s.serialize_map(None)?;
-        m.serialize_entry("name", &n.name)?;
-        m.serialize_entry("op", n.op.name())?;
-        m.serialize_entry("target", &n.target)?;
-        m.serialize_entry(
-            "args",
-            &ArgsOut {
-                args: &n.args,
-                names: self.names,
-            },
-        )?;
-        m.serialize_entry(
-            "kwargs",
-            &KwargsOut {
-                node: n,
-                names: self.names,
-            },
-        )?;
+impl Writer<'_> {
+    fn raw(&mut self, bytes: &[u8]) {
+        self.out.extend_from_slice(bytes);
+    }
+
+    fn str(&mut self, s: &str) {
+        // Names, targets and dtypes almost never need escaping: copy those in one go.
+        if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+            self.out.push(b'"');
+            self.out.extend_from_slice(s.as_bytes());
+            self.out.push(b'"');
+        } else {
+            // Writing a string into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut *self.out, s);
+        }
+    }
+
+    fn int(&mut self, n: impl itoa::Integer) {
+        self.out
+            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    }
+
+    /// A finite float, as serde_json writes it (the shortest text that reads back exactly).
+    fn float(&mut self, x: f64) {
+        let _ = serde_json::to_writer(&mut *self.out, &x);
+    }
+
+    fn bool(&mut self, b: bool) {
+        self.raw(if b { b"true" } else { b"false" });
+    }
+
+    /// `{"key":"value"}`, the spelling of the tagged argument kinds.
+    fn tagged(&mut self, key: &[u8], value: &str) {
+        self.raw(b"{\"");
+        self.raw(key);
+        self.raw(b"\":");
+        self.str(value);
+        self.raw(b"}");
+    }
+
+    fn node(&mut self, n: &Node) {
+        self.raw(b"{\"name\":");
+        self.str(&n.name);
+        self.raw(b",\"op\":");
+        self.str(n.op.name());
+        self.raw(b",\"target\":");
+        self.str(&n.target);
+        self.raw(b",\"args\":");
+        self.args(&n.args);
+        self.raw(b",\"kwargs\":{");
+        for (i, (k, a)) in n.kwargs.iter().enumerate() {
+            if i > 0 {
+                self.raw(b",");
+            }
+            self.str(k);
+            self.raw(b":");
+            self.arg(a);
+        }
+        self.raw(b"}");
         // Decided on what will be written, not on the fields: a meta whose only contents JSON
         // cannot spell must vanish here, as it does on re-import, or export is no fixed point.
-        if !MetaOut(&n.meta).is_empty() {
-            m.serialize_entry("meta", &MetaOut(&n.meta))?;
+        if !meta_is_empty(&n.meta) {
+            self.raw(b",\"meta\":");
+            self.meta(&n.meta);
         }
-        m.end()
+        self.raw(b"}");
     }
-}
 
-struct ArgsOut<'a> {
-    args: &'a [Arg<NodeId>],
-    names: &'a SideTable<&'a str>,
-}
-
-impl Serialize for ArgsOut<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.args.len()))?;
-        for a in self.args {
-            seq.serialize_element(&ArgOut {
-                arg: a,
-                names: self.names,
-            })?;
+    fn args(&mut self, args: &[Arg<NodeId>]) {
+        self.raw(b"[");
+        for (i, a) in args.iter().enumerate() {
+            if i > 0 {
+                self.raw(b",");
+            }
+            self.arg(a);
         }
-        seq.end()
+        self.raw(b"]");
     }
-}
 
-struct KwargsOut<'a> {
-    node: &'a Node,
-    names: &'a SideTable<&'a str>,
-}
-
-impl Serialize for KwargsOut<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(self.node.kwargs.len()))?;
-        for (k, a) in &self.node.kwargs {
-            m.serialize_entry(
-                k,
-                &ArgOut {
-                    arg: a,
-                    names: self.names,
-                },
-            )?;
-        }
-        m.end()
-    }
-}
-
-struct ArgOut<'a> {
-    arg: &'a Arg<NodeId>,
-    names: &'a SideTable<&'a str>,
-}
-
-fn one<S: Serializer, V: Serialize + ?Sized>(
-    s: S,
-    key: &str,
-    value: &V,
-) -> Result<S::Ok, S::Error> {
-    let mut m = s.serialize_map(Some(1))?;
-    m.serialize_entry(key, value)?;
-    m.end()
-}
-
-impl Serialize for ArgOut<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self.arg {
-            Arg::None => s.serialize_unit(),
-            Arg::Bool(b) => s.serialize_bool(*b),
-            Arg::Int(i) => s.serialize_i64(*i),
-            Arg::Float(x) if x.is_finite() => s.serialize_f64(*x),
-            Arg::Float(x) => one(
-                s,
-                "float",
+    fn arg(&mut self, arg: &Arg<NodeId>) {
+        match arg {
+            Arg::None => self.raw(b"null"),
+            Arg::Bool(b) => self.bool(*b),
+            Arg::Int(i) => self.int(*i),
+            Arg::Float(x) if x.is_finite() => self.float(*x),
+            Arg::Float(x) => self.tagged(
+                b"float",
                 if x.is_nan() {
                     "nan"
                 } else if *x > 0.0 {
@@ -222,151 +191,155 @@ impl Serialize for ArgOut<'_> {
                     "-inf"
                 },
             ),
-            Arg::Str(v) => s.serialize_str(v),
-            Arg::Node(id) => one(s, "node", self.names[*id]),
-            Arg::List(items) => ArgsOut {
-                args: items,
-                names: self.names,
+            Arg::Str(v) => self.str(v),
+            Arg::Node(id) => {
+                let name = self.names[*id];
+                self.tagged(b"node", name);
             }
-            .serialize(s),
-            Arg::Dtype(d) => one(s, "dtype", d.name()),
-            Arg::Device(v) => one(s, "device", v),
-            Arg::Layout(v) => one(s, "layout", v),
-            Arg::MemoryFormat(v) => one(s, "memory_format", v),
-            Arg::Slice(parts) => one(
-                s,
-                "slice",
-                &ArgsOut {
-                    args: &parts[..],
-                    names: self.names,
-                },
-            ),
-            Arg::Sym(sym) => SymOut(&sym.expr, sym.hint).serialize(s),
-            Arg::Repr(v) => one(s, "repr", v),
+            Arg::List(items) => self.args(items),
+            Arg::Dtype(d) => self.tagged(b"dtype", d.name()),
+            Arg::Device(v) => self.tagged(b"device", v),
+            Arg::Layout(v) => self.tagged(b"layout", v),
+            Arg::MemoryFormat(v) => self.tagged(b"memory_format", v),
+            Arg::Slice(parts) => {
+                self.raw(b"{\"slice\":");
+                self.args(&parts[..]);
+                self.raw(b"}");
+            }
+            Arg::Sym(sym) => self.sym(&sym.expr, sym.hint),
+            Arg::Repr(v) => self.tagged(b"repr", v),
         }
     }
-}
 
-struct SymOut<'a>(&'a str, i64);
-
-impl Serialize for SymOut<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(2))?;
-        m.serialize_entry("sym", self.0)?;
-        m.serialize_entry("hint", &self.1)?;
-        m.end()
-    }
-}
-
-struct MetaOut<'a>(&'a Meta);
-
-impl MetaOut<'_> {
-    /// A non-finite float `val` or time has no JSON number; it is left out, as if absent.
-    fn val(&self) -> Option<&Val> {
-        self.0
-            .val
-            .as_ref()
-            .filter(|v| !matches!(v, Val::Float(x) if !x.is_finite()))
+    fn sym(&mut self, expr: &str, hint: i64) {
+        self.raw(b"{\"sym\":");
+        self.str(expr);
+        self.raw(b",\"hint\":");
+        self.int(hint);
+        self.raw(b"}");
     }
 
-    fn time(&self) -> Option<f64> {
-        self.0.device_time_ms.filter(|t| t.is_finite())
-    }
-
-    fn is_empty(&self) -> bool {
-        self.val().is_none()
-            && self.0.aliases.is_none()
-            && self.0.mutates.is_none()
-            && self.time().is_none()
-    }
-}
-
-impl Serialize for MetaOut<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let meta = self.0;
-        let mut m = s.serialize_map(None)?;
-        if let Some(v) = self.val() {
-            m.serialize_entry("val", &ValOut(v))?;
+    fn meta(&mut self, meta: &Meta) {
+        self.raw(b"{");
+        let mut first = true;
+        let mut key = |w: &mut Self, k: &[u8]| {
+            if !std::mem::take(&mut first) {
+                w.raw(b",");
+            }
+            w.raw(k);
+        };
+        if let Some(v) = meta_val(meta) {
+            key(self, b"\"val\":");
+            self.val(v);
         }
         if let Some(a) = &meta.aliases {
-            m.serialize_entry("aliases", a)?;
+            key(self, b"\"aliases\":");
+            self.indexes(a);
         }
         if let Some(a) = &meta.mutates {
-            m.serialize_entry("mutates", a)?;
+            key(self, b"\"mutates\":");
+            self.indexes(a);
         }
-        // Non-finite times are not JSON numbers; a missing time means the same to readers.
-        if let Some(t) = self.time() {
-            m.serialize_entry("device_time_ms", &t)?;
+        if let Some(t) = meta_time(meta) {
+            key(self, b"\"device_time_ms\":");
+            self.float(t);
         }
-        m.end()
+        self.raw(b"}");
     }
-}
 
-struct ValOut<'a>(&'a Val);
-
-impl Serialize for ValOut<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self.0 {
-            Val::Tensor(t) => TensorOut(t).serialize(s),
-            Val::Tuple(items) => {
-                let mut seq = s.serialize_seq(Some(items.len()))?;
-                for t in items {
-                    seq.serialize_element(&t.as_ref().map(TensorOut))?;
-                }
-                seq.end()
+    fn indexes(&mut self, xs: &[u32]) {
+        self.raw(b"[");
+        for (i, &x) in xs.iter().enumerate() {
+            if i > 0 {
+                self.raw(b",");
             }
-            Val::Sym(sym) => SymOut(&sym.expr, sym.hint).serialize(s),
-            Val::Int(i) => s.serialize_i64(*i),
-            Val::Float(x) if x.is_finite() => s.serialize_f64(*x),
-            Val::Float(_) => s.serialize_unit(),
-            Val::Bool(b) => s.serialize_bool(*b),
+            self.int(x);
+        }
+        self.raw(b"]");
+    }
+
+    fn val(&mut self, v: &Val) {
+        match v {
+            Val::Tensor(t) => self.tensor(t),
+            Val::Tuple(items) => {
+                self.raw(b"[");
+                for (i, t) in items.iter().enumerate() {
+                    if i > 0 {
+                        self.raw(b",");
+                    }
+                    match t {
+                        Some(t) => self.tensor(t),
+                        None => self.raw(b"null"),
+                    }
+                }
+                self.raw(b"]");
+            }
+            Val::Sym(sym) => self.sym(&sym.expr, sym.hint),
+            Val::Int(i) => self.int(*i),
+            Val::Float(x) if x.is_finite() => self.float(*x),
+            Val::Float(_) => self.raw(b"null"),
+            Val::Bool(b) => self.bool(*b),
         }
     }
-}
 
-struct TensorOut<'a>(&'a TensorMeta);
-
-impl Serialize for TensorOut<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let t = self.0;
-        let mut m = s.serialize_map(None)?;
-        m.serialize_entry("shape", &DimsOut(&t.shape))?;
-        m.serialize_entry("dtype", t.dtype.name())?;
+    fn tensor(&mut self, t: &TensorMeta) {
+        self.raw(b"{\"shape\":");
+        self.dims(&t.shape);
+        self.raw(b",\"dtype\":");
+        self.str(t.dtype.name());
         if let Some(st) = &t.stride {
-            m.serialize_entry("stride", &DimsOut(st))?;
+            self.raw(b",\"stride\":");
+            self.dims(st);
         }
         if let Some(o) = &t.storage_offset {
-            m.serialize_entry("storage_offset", &DimOut(o))?;
+            self.raw(b",\"storage_offset\":");
+            self.dim(o);
         }
         if let Some(d) = &t.device {
-            m.serialize_entry("device", d)?;
+            self.raw(b",\"device\":");
+            self.str(d);
         }
         if let Some(r) = t.requires_grad {
-            m.serialize_entry("requires_grad", &r)?;
+            self.raw(b",\"requires_grad\":");
+            self.bool(r);
         }
-        m.end()
+        self.raw(b"}");
+    }
+
+    fn dims(&mut self, dims: &[Dim]) {
+        self.raw(b"[");
+        for (i, d) in dims.iter().enumerate() {
+            if i > 0 {
+                self.raw(b",");
+            }
+            self.dim(d);
+        }
+        self.raw(b"]");
+    }
+
+    fn dim(&mut self, d: &Dim) {
+        match d {
+            Dim::Const(n) => self.int(*n),
+            Dim::Sym(sym) => self.sym(&sym.expr, sym.hint),
+        }
     }
 }
 
-struct DimsOut<'a>(&'a [Dim]);
-
-impl Serialize for DimsOut<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.0.len()))?;
-        for d in self.0 {
-            seq.serialize_element(&DimOut(d))?;
-        }
-        seq.end()
-    }
+/// A non-finite float `val` has no JSON number; it is left out, as if absent.
+fn meta_val(meta: &Meta) -> Option<&Val> {
+    meta.val
+        .as_ref()
+        .filter(|v| !matches!(v, Val::Float(x) if !x.is_finite()))
 }
 
-struct DimOut<'a>(&'a Dim);
+/// Non-finite times are not JSON numbers; a missing time means the same to readers.
+fn meta_time(meta: &Meta) -> Option<f64> {
+    meta.device_time_ms.filter(|t| t.is_finite())
+}
 
-impl Serialize for DimOut<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self.0 {
-            Dim::Const(n) => s.serialize_u64(*n),
-            Dim::Sym(sym) => SymOut(&sym.expr, sym.hint).serialize(s),
-        }
-    }
+fn meta_is_empty(meta: &Meta) -> bool {
+    meta_val(meta).is_none()
+        && meta.aliases.is_none()
+        && meta.mutates.is_none()
+        && meta_time(meta).is_none()
 }
