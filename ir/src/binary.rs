@@ -293,12 +293,12 @@ fn decode_graph(bg: BinGraph, i: usize) -> Result<Graph, Diagnostics> {
             target,
             args,
             kwargs,
-            meta: Meta {
+            meta: Box::new(Meta {
                 val,
                 aliases: n.aliases.clone(),
                 mutates: n.mutates.clone(),
                 device_time_ms: n.device_time_ms,
-            },
+            }),
         };
         if let Err(p) = g.push(node) {
             d.push(Location::node(&label, &n.name), p);
@@ -494,12 +494,12 @@ fn decode_node<'de, D: BorrowDecoder<'de>>(
         target,
         args,
         kwargs,
-        meta: Meta {
+        meta: Box::new(Meta {
             val,
             aliases: Decode::decode(d)?,
             mutates: Decode::decode(d)?,
             device_time_ms: Decode::decode(d)?,
-        },
+        }),
     })
 }
 

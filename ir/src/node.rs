@@ -54,7 +54,10 @@ pub struct Node<R = crate::NodeId> {
     pub args: Vec<Arg<R>>,
     /// Sorted by key, so that output never depends on the input's key order.
     pub kwargs: BTreeMap<Str, Arg<R>>,
-    pub meta: Meta,
+    /// Out of line: most passes scan nodes for their op, target and arguments only, and a
+    /// node that holds its metadata inline is too large for a whole graph's nodes to stay
+    /// in cache.
+    pub meta: Box<Meta>,
 }
 
 impl<R> Node<R> {
@@ -66,7 +69,7 @@ impl<R> Node<R> {
             target: target.into(),
             args,
             kwargs: BTreeMap::new(),
-            meta: Meta::default(),
+            meta: Box::default(),
         }
     }
 

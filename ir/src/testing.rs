@@ -202,10 +202,10 @@ pub fn chain(n: usize) -> Program {
     let t = || Some(Val::Tensor(TensorMeta::new(shape.clone(), Dtype::Float32)));
     let p = g
         .push(Node {
-            meta: Meta {
+            meta: Box::new(Meta {
                 val: t(),
                 ..Meta::default()
-            },
+            }),
             ..placeholder("primals_1")
         })
         .expect("fresh name");

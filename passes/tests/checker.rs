@@ -52,10 +52,10 @@ impl B {
     fn input_of(&mut self, name: &str, shape: &[u64], dtype: Dtype) -> NodeId {
         let node = Node {
             op: Op::Placeholder,
-            meta: Meta {
+            meta: Box::new(Meta {
                 val: Some(tensor(shape, dtype)),
                 ..Meta::default()
-            },
+            }),
             ..Node::call(name, name, vec![])
         };
         self.push(node)
@@ -87,10 +87,10 @@ impl B {
     ) -> NodeId {
         let node = Node {
             kwargs: kwargs.into_iter().map(|(k, v)| (Str::from(k), v)).collect(),
-            meta: Meta {
+            meta: Box::new(Meta {
                 val: Some(tensor(shape, Dtype::Float32)),
                 ..Meta::default()
-            },
+            }),
             ..Node::call(name, target, args)
         };
         self.push(node)
@@ -104,7 +104,7 @@ impl B {
     /// A list-returning view and a getitem of each of its `parts` outputs.
     fn split(&mut self, name: &str, x: NodeId, parts: u64, part: &[u64]) -> Vec<NodeId> {
         let node = Node {
-            meta: Meta {
+            meta: Box::new(Meta {
                 val: Some(Val::Tuple(
                     (0..parts)
                         .map(|_| match tensor(part, Dtype::Float32) {
@@ -114,7 +114,7 @@ impl B {
                         .collect(),
                 )),
                 ..Meta::default()
-            },
+            }),
             ..Node::call(
                 name,
                 "aten.split.Tensor",

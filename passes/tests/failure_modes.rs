@@ -108,10 +108,10 @@ fn add_output_only_param(g: &mut Graph, name: &str, placeholder: &str) {
     let shape = vec![Dim::Const(64), Dim::Const(64)];
     let n = Node {
         op: Op::Placeholder,
-        meta: Meta {
+        meta: Box::new(Meta {
             val: Some(Val::Tensor(TensorMeta::new(shape.clone(), Dtype::BFloat16))),
             ..Meta::default()
-        },
+        }),
         ..Node::call(placeholder, placeholder, vec![])
     };
     let id = g.add(n).expect("fresh name");

@@ -54,10 +54,10 @@ impl Builder {
         let node = Node {
             op: Op::Placeholder,
             target: name.into(),
-            meta: Meta {
+            meta: Box::new(Meta {
                 val: f32s(numel),
                 ..Meta::default()
-            },
+            }),
             ..Node::call(name, "", vec![])
         };
         self.g.push(node).unwrap()

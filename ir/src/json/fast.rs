@@ -527,7 +527,7 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
             target,
             args,
             kwargs,
-            meta,
+            meta: Box::new(meta),
         })
     }
 }

@@ -167,7 +167,7 @@ fn graph(doc: RawGraph, label: &str) -> Result<Graph, Diagnostics> {
             target: target.into(),
             args,
             kwargs,
-            meta,
+            meta: Box::new(meta),
         });
     }
     if !later_refs.is_empty() {

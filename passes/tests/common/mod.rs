@@ -30,10 +30,10 @@ impl Builder {
     fn placeholder(&mut self, name: &str, shape: &[u64]) -> NodeId {
         let n = Node {
             op: Op::Placeholder,
-            meta: Meta {
+            meta: Box::new(Meta {
                 val: tensor(shape),
                 ..Meta::default()
-            },
+            }),
             ..Node::call(name, name, vec![])
         };
         self.g.push(n).expect("fresh name")
@@ -64,10 +64,10 @@ impl Builder {
         shape: &[u64],
     ) -> NodeId {
         let n = Node {
-            meta: Meta {
+            meta: Box::new(Meta {
                 val: tensor(shape),
                 ..Meta::default()
-            },
+            }),
             ..Node::call(name, target, args)
         };
         self.g.push(n).expect("fresh name")
@@ -201,10 +201,10 @@ impl Builder {
             Dtype::Float32,
         );
         let n = Node {
-            meta: Meta {
+            meta: Box::new(Meta {
                 val: Some(Val::Tuple(vec![Some(one); parts])),
                 ..Meta::default()
-            },
+            }),
             ..Node::call(name, target, args)
         };
         let list = self.g.push(n).expect("fresh name");
