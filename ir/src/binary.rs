@@ -11,7 +11,7 @@ use crate::{
 use bincode::de::{BorrowDecoder, Decoder};
 use bincode::error::DecodeError;
 use bincode::{BorrowDecode, Decode, Encode};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// `ZSGRAPH` and a byte that no text encoding of JSON starts with.
 pub const MAGIC: &[u8; 8] = b"ZSGRAPH\x89";
@@ -80,7 +80,9 @@ pub fn export(program: &Program) -> Vec<u8> {
         bundle: program.form == Form::Bundle,
         graphs,
     };
-    let mut out = Vec::with_capacity(1 << 16);
+    // About a byte in eight of the JSON text; sized once for the common case.
+    let nodes: usize = program.graphs.iter().map(Graph::len).sum();
+    let mut out = Vec::with_capacity(nodes.saturating_mul(48).max(1 << 12));
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     // Encoding plain owned data into a Vec has no failure path but the size limit, which a
@@ -92,14 +94,16 @@ pub fn export(program: &Program) -> Vec<u8> {
 /// Distinct values in order of first use; the index of each. Insertion order alone decides
 /// the indexes, so the encoding is deterministic.
 struct Table<'g, T: ?Sized> {
-    index: HashMap<&'g T, u32>,
+    // Lookups only, so the hasher's seed never reaches the output; foldhash is several times
+    // faster than SipHash on shapes.
+    index: hashbrown::HashMap<&'g T, u32>,
     items: Vec<&'g T>,
 }
 
 impl<'g, T: ?Sized + Eq + std::hash::Hash> Table<'g, T> {
     fn new() -> Self {
         Table {
-            index: HashMap::new(),
+            index: hashbrown::HashMap::new(),
             items: Vec::new(),
         }
     }
