@@ -123,6 +123,18 @@ impl Writer<'_> {
         let _ = serde_json::to_writer(&mut *self.out, &x);
     }
 
+    /// `[a,b,...]`, each item written by `each`.
+    fn list<T>(&mut self, items: &[T], mut each: impl FnMut(&mut Self, &T)) {
+        self.raw(b"[");
+        for (i, x) in items.iter().enumerate() {
+            if i > 0 {
+                self.raw(b",");
+            }
+            each(self, x);
+        }
+        self.raw(b"]");
+    }
+
     fn bool(&mut self, b: bool) {
         self.raw(if b { b"true" } else { b"false" });
     }
@@ -165,14 +177,7 @@ impl Writer<'_> {
     }
 
     fn args(&mut self, args: &[Arg<NodeId>]) {
-        self.raw(b"[");
-        for (i, a) in args.iter().enumerate() {
-            if i > 0 {
-                self.raw(b",");
-            }
-            self.arg(a);
-        }
-        self.raw(b"]");
+        self.list(args, Self::arg);
     }
 
     fn arg(&mut self, arg: &Arg<NodeId>) {
@@ -248,31 +253,17 @@ impl Writer<'_> {
     }
 
     fn indexes(&mut self, xs: &[u32]) {
-        self.raw(b"[");
-        for (i, &x) in xs.iter().enumerate() {
-            if i > 0 {
-                self.raw(b",");
-            }
-            self.int(x);
-        }
-        self.raw(b"]");
+        self.list(xs, |w, &x| w.int(x));
     }
 
     fn val(&mut self, v: &Val) {
         match v {
             Val::Tensor(t) => self.tensor(t),
             Val::Tuple(items) => {
-                self.raw(b"[");
-                for (i, t) in items.iter().enumerate() {
-                    if i > 0 {
-                        self.raw(b",");
-                    }
-                    match t {
-                        Some(t) => self.tensor(t),
-                        None => self.raw(b"null"),
-                    }
-                }
-                self.raw(b"]");
+                self.list(items, |w, t| match t {
+                    Some(t) => w.tensor(t),
+                    None => w.raw(b"null"),
+                });
             }
             Val::Sym(sym) => self.sym(&sym.expr, sym.hint),
             Val::Int(i) => self.int(*i),
@@ -307,14 +298,7 @@ impl Writer<'_> {
     }
 
     fn dims(&mut self, dims: &[Dim]) {
-        self.raw(b"[");
-        for (i, d) in dims.iter().enumerate() {
-            if i > 0 {
-                self.raw(b",");
-            }
-            self.dim(d);
-        }
-        self.raw(b"]");
+        self.list(dims, Self::dim);
     }
 
     fn dim(&mut self, d: &Dim) {
