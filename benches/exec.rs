@@ -15,7 +15,7 @@ use std::hint::black_box;
 use std::path::Path;
 use zerosched::exec::dry::Dry;
 use zerosched::exec::inputs::Inputs;
-use zerosched::exec::world::{persistent, run_plans};
+use zerosched::exec::world::run_plans;
 use zerosched::exec::{ExecOptions, Executor, Plan};
 use zerosched_passes::pipeline::{self, PipelineOptions};
 use zerosched_passes::schedule::ScheduleOptions;
@@ -46,7 +46,7 @@ fn dry_run(c: &mut Criterion) {
             eprintln!("benches/data/llama70b_l80.program.json.gz missing: skipped");
             return;
         };
-        let keep = persistent(&p);
+        let keep = p.persistent();
         let plans: Vec<Plan<'_>> = p.graphs.iter().map(|g| Plan::new(g, &keep)).collect();
         let nodes: usize = p.graphs.iter().map(|g| g.len()).sum();
         let inputs = Inputs::new(0);

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 /// `ZSGRAPH` and a byte that no text encoding of JSON starts with.
 pub const MAGIC: &[u8; 8] = b"ZSGRAPH\x89";
 /// Bumped on any change to the encoded structures.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// Upper bound on what a decode may claim, far above any real training step.
 const LIMIT: usize = 1 << 30;
 

@@ -86,6 +86,10 @@ impl<R> Param<R> {
 pub struct Grad {
     pub param: String,
     pub output_index: u32,
+    /// The parameter is kept unsharded, so its gradient is all-reduced rather than
+    /// reduce-scattered. Said here because a backward graph need not carry the parameter
+    /// itself (an RMSNorm weight's gradient does not read the weight).
+    pub persistent: bool,
 }
 
 /// A graph. Data edges run from producer to consumer, one per distinct pair, and always
@@ -388,6 +392,14 @@ impl Graph {
             .and_then(|o| self.dag[o].args.first())
             .and_then(|a| a.as_list())
             .unwrap_or(&[])
+    }
+
+    /// Names of the parameters this graph says are kept unsharded: persistent among its
+    /// parameters or on its gradient entries. With repeats.
+    pub fn persistent_names(&self) -> impl Iterator<Item = &str> {
+        let params = self.params.iter().filter(|p| p.persistent).map(|p| &p.name);
+        let grads = self.grads.iter().filter(|g| g.persistent).map(|g| &g.param);
+        params.chain(grads).map(String::as_str)
     }
 
     /// Position of each node in the program order.

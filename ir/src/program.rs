@@ -1,7 +1,7 @@
 //! Programs: the graphs of one training step in execution order.
 
 use crate::Graph;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// How the document was written: a single `fx-graph` or an `fx-program` bundle.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,6 +42,15 @@ impl Program {
             }
         }
         out
+    }
+
+    /// Parameters kept unsharded: persistent in any graph, as a parameter or on a gradient.
+    pub fn persistent(&self) -> BTreeSet<String> {
+        self.graphs
+            .iter()
+            .flat_map(Graph::persistent_names)
+            .map(str::to_owned)
+            .collect()
     }
 
     pub fn node_count(&self) -> usize {

@@ -1091,6 +1091,7 @@ fn build_backward(shape: &Shape, params: &[Param], seed: u64, all_grads: bool) -
                 grads.push(Grad {
                     param: params[*pi].name.clone(),
                     output_index: pos as u32,
+                    persistent: params[*pi].persistent,
                 });
                 outs.push(Arg::Node(*g));
             }

@@ -40,17 +40,23 @@ pub fn insert(g: &mut Graph, persistent: &BTreeSet<String>) -> Result<InsertRepo
     // One analysis serves every parameter: each placeholder is its own storage class, so
     // rewiring one parameter's consumers leaves every other class as it was.
     let aliases = Aliases::analyse(g);
+    // Kept unsharded: whatever the program says, and whatever this graph says itself.
+    let persistent: BTreeSet<String> = persistent
+        .iter()
+        .cloned()
+        .chain(g.persistent_names().map(str::to_owned))
+        .collect();
     let params: Vec<(String, NodeId)> = g
         .params
         .iter()
-        .filter(|p| !p.persistent && !persistent.contains(&p.name))
+        .filter(|p| !persistent.contains(&p.name))
         .map(|p| (p.name.clone(), p.node))
         .collect();
     for (name, placeholder) in params {
         gather_param(g, &aliases, &name, placeholder, &mut plan, &mut report)?;
     }
     if g.kind == GraphKind::Backward {
-        reduce_grads(g, persistent, &mut plan, &mut report)?;
+        reduce_grads(g, &persistent, &mut plan, &mut report)?;
     }
     plan.apply(g)?;
     Ok(report)
@@ -183,14 +189,8 @@ fn reduce_grads(
     }
     slots.sort_by_key(|s| s.0);
     let mut reduces = Vec::with_capacity(slots.len());
-    let declared: BTreeSet<String> = g
-        .params
-        .iter()
-        .filter(|p| p.persistent)
-        .map(|p| p.name.clone())
-        .collect();
     for (_, grad, param) in &slots {
-        let sharded = !persistent.contains(param) && !declared.contains(param);
+        let sharded = !persistent.contains(param);
         let r = g.add(ops::reduce_grad(g, *grad, param, sharded))?;
         g.meta_mut(r).val = g.node(*grad).meta.val.clone();
         plan.after.entry(*grad).or_default().push(r);

@@ -133,13 +133,7 @@ impl Pass for Insert {
     }
     fn run(&self, p: &mut Program, _: &PipelineOptions, cx: &mut Context) -> Result<(), PassError> {
         // Persistence is a property of the parameter, whichever graph declares it.
-        let persistent: BTreeSet<String> = p
-            .graphs
-            .iter()
-            .flat_map(|g| g.params.iter())
-            .filter(|p| p.persistent)
-            .map(|p| p.name.clone())
-            .collect();
+        let persistent = p.persistent();
         for (i, g) in p.graphs.iter_mut().enumerate() {
             let report = insert(g, &persistent).map_err(|problem| PassError::Graph {
                 graph: g.label().to_owned(),

@@ -325,10 +325,12 @@ fn backward() -> Graph {
         zerosched_ir::Grad {
             param: "l1.weight".into(),
             output_index: 1,
+            persistent: false,
         },
         zerosched_ir::Grad {
             param: "l2.weight".into(),
             output_index: 2,
+            persistent: false,
         },
     ];
     g

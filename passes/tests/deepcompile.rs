@@ -222,6 +222,7 @@ fn mlp_backward(layers: usize) -> Graph {
         .map(|i| zerosched_ir::Grad {
             param: format!("model.w{i}"),
             output_index: i as u32,
+            persistent: false,
         })
         .collect();
     g

@@ -169,6 +169,7 @@ fn backward_gradients_are_reduced_and_joined_by_end_backward() {
     g.grads.push(zerosched_ir::Grad {
         param: "w".into(),
         output_index: 0,
+        persistent: false,
     });
     let r = run(&mut g);
     assert_eq!((r.gathered, r.reduced), (1, 1));
@@ -182,6 +183,44 @@ fn backward_gradients_are_reduced_and_joined_by_end_backward() {
     let end = g.inputs(slot)[0];
     assert_eq!(g.node(end).target, ops::END_BACKWARD);
     assert!(g.inputs(end).contains(&reduce));
+}
+
+/// A persistent RMSNorm-like weight whose gradient does not read the weight: the backward graph
+/// does not carry it, so only its gradient entry can say it is persistent.
+#[test]
+fn backward_graph_without_the_persistent_parameter_all_reduces_from_its_grad_entry() {
+    let build = |persistent: bool| {
+        let mut b = Builder::new("bwd_norm", GraphKind::Backward);
+        let normed = b.input("normed", &[4, 8]);
+        let dy = b.input("tangents_1", &[4, 8]);
+        let prod = b.call(
+            "prod",
+            "aten.mul.Tensor",
+            vec![node(normed), node(dy)],
+            &[4, 8],
+        );
+        let dw = b.call("dw", "aten.sum.dim_IntList", vec![node(prod)], &[8]);
+        let mut g = b.output(&[dw]);
+        g.grads.push(zerosched_ir::Grad {
+            param: "norm.weight".into(),
+            output_index: 0,
+            persistent,
+        });
+        g
+    };
+    let sharded_kwarg = |g: &zerosched_ir::Graph| {
+        let (_, n) = g
+            .nodes()
+            .find(|(_, n)| n.target == ops::REDUCE_GRAD)
+            .expect("a reduce_grad");
+        n.kwargs.get("sharded").cloned()
+    };
+    let mut said = build(true);
+    run(&mut said);
+    assert_eq!(sharded_kwarg(&said), Some(Arg::Bool(false)));
+    let mut unsaid = build(false);
+    run(&mut unsaid);
+    assert_eq!(sharded_kwarg(&unsaid), Some(Arg::Bool(true)));
 }
 
 #[test]

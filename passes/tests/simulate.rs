@@ -259,10 +259,12 @@ fn backward() -> Graph {
         Grad {
             param: "w1".to_owned(),
             output_index: 0,
+            persistent: false,
         },
         Grad {
             param: "w2".to_owned(),
             output_index: 1,
+            persistent: false,
         },
     ];
     inserted(b.output(&[g1, g2]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 import torch.distributed as dist
 
@@ -94,3 +96,36 @@ def layers_compiled_one_by_one(inner: str) -> dict:
     finally:
         h.close()
         torch._dynamo.reset()
+
+
+class Projection(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width = width
+        self.proj = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.proj(x)).sum()
+
+
+def persistent_bias_reduction() -> dict:
+    """The backward graph of a linear layer whose bias is persistent: the bias gradient never
+    reads the bias, so the graph does not carry it. Returns, from the scheduled backward graph,
+    the parameters it carries and each reduction's ``sharded`` keyword."""
+    torch.manual_seed(0)
+    model = Projection(20)  # a width no other case uses: its graphs are not in the cache yet
+    h = zerosched.shard(model, persistence_threshold=20)  # the bias (20), not the weight (400)
+    try:
+        _run(model, zerosched.backend())
+    finally:
+        h.close()
+    for scheduled, _ in zb._CACHE.values():
+        doc = json.loads(scheduled)
+        if doc.get("kind") != "backward" or not any(g["param"] == "proj.bias" for g in doc["grads"]):
+            continue
+        return {
+            "params": sorted(p["name"] for p in doc["params"]),
+            "sharded": {n["kwargs"]["param"]: n["kwargs"]["sharded"] for n in doc["nodes"]
+                        if n["target"] == "zerosched.reduce_grad.default"},
+        }
+    raise AssertionError("no scheduled backward graph with the bias gradient")

@@ -28,3 +28,9 @@ def test_one_compiled_graph_run_for_several_layers_gathers_each_layers_parameter
         # A forward and a backward graph per layer: the graph dynamo reuses is scheduled again
         # for each other layer's parameters.
         assert r["graphs"] == 8
+
+
+def test_a_persistent_parameter_the_backward_does_not_read_is_all_reduced(ranks):
+    for r in ranks.run(backend_cases.persistent_bias_reduction):
+        assert "proj.bias" not in r["params"], "the backward graph should not carry the bias"
+        assert r["sharded"] == {"proj.weight": True, "proj.bias": False}

@@ -83,7 +83,8 @@ def backend(budget: int | str | None = None, scheduler: str = "prefetch", inner:
 
         def bw(gm: torch.fx.GraphModule, ex: list) -> Callable:
             params, grads, rg = step.backward(gm)
-            return _compile(gm, ex, f"backward_{k}", "backward", params, grads, rg, opts, inner, debug)
+            return _compile(gm, ex, f"backward_{k}", "backward", params, grads, rg, opts, inner, debug,
+                            persistent=step.persistent(grads))
 
         return aot_autograd(
             fw_compiler=fw,
@@ -154,9 +155,10 @@ def _entries(dyn_gm: torch.fx.GraphModule, example_inputs: list) -> list[runtime
 
 
 def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: list, grads: list,
-             rg: dict, opts: dict, inner: str, debug: bool) -> Callable:
+             rg: dict, opts: dict, inner: str, debug: bool, persistent: frozenset[str] = frozenset()) -> Callable:
     t0 = time.perf_counter()
-    doc = export.graph_to_doc(gm, name=name, kind=kind, params=params, grads=grads, requires_grad=rg)
+    doc = export.graph_to_doc(gm, name=name, kind=kind, params=params, grads=grads, requires_grad=rg,
+                              persistent=persistent)
     # The key leaves out the graph's name, which only labels reports and messages.
     unnamed = export.dumps_graph({k: v for k, v in doc.items() if k != "name"})
     key = hashlib.sha256(unnamed.encode() + json.dumps(opts, sort_keys=True).encode()).digest()

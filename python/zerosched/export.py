@@ -24,7 +24,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Collection, Iterable, Sequence
 
 import torch
 import torch.fx
@@ -321,10 +321,13 @@ def graph_to_doc(
     params: Sequence[Param] = (),
     grads: Sequence[tuple[str, int]] = (),
     requires_grad: dict[str, bool] | None = None,
+    persistent: Collection[str] = (),
 ) -> dict:
     """One FX graph to an fx-graph v1 document.
 
-    ``requires_grad`` overrides ``meta.val.requires_grad`` of the named placeholders."""
+    ``requires_grad`` overrides ``meta.val.requires_grad`` of the named placeholders;
+    ``persistent`` names the parameters kept unsharded, whose gradient entries say so (the
+    graph need not carry the parameter itself)."""
     label = name or "<graph>"
     nodes = [node_to_doc(gm, n, label, requires_grad) for n in gm.graph.nodes]
     outputs = [n for n in nodes if n["op"] == "output"]
@@ -337,7 +340,8 @@ def graph_to_doc(
     doc["nodes"] = nodes
     doc["params"] = [p.to_doc() for p in params]
     if kind == "backward" or grads:
-        doc["grads"] = [{"param": p, "output_index": i} for p, i in grads]
+        doc["grads"] = [{"param": p, "output_index": i, **({"persistent": True} if p in persistent else {})}
+                        for p, i in grads]
     return doc
 
 
@@ -356,10 +360,11 @@ class CapturedGraph:
     run_order: int = -1  # first execution, across all graphs
     name: str = ""
     requires_grad: dict[str, bool] = dataclasses.field(default_factory=dict)
+    persistent: frozenset[str] = frozenset()  # parameters kept unsharded, for the gradient entries
 
     def to_doc(self) -> dict:
         return graph_to_doc(self.gm, name=self.name, kind=self.kind, params=self.params, grads=self.grads,
-                            requires_grad=self.requires_grad)
+                            requires_grad=self.requires_grad, persistent=self.persistent)
 
 
 #: Ops removed from PyTorch's core-ATen decomposition table, and why.
@@ -480,6 +485,10 @@ class StepParams:
         rg = {p.node: bool(self.param_obj[p.name].requires_grad) for p in params}
         return params, grads, rg
 
+    def persistent(self, grads: Sequence[tuple[str, int]]) -> frozenset[str]:
+        """Which of these gradients' parameters are kept unsharded."""
+        return frozenset(fqn for fqn, _ in grads if self.is_persistent(fqn, self.param_obj[fqn]))
+
 
 def capture(
     model: torch.nn.Module,
@@ -537,7 +546,7 @@ def capture(
 
         def bw_compiler(gm: torch.fx.GraphModule, ex: list) -> Callable:
             params, grads, rg = step.backward(gm)
-            cg = CapturedGraph("backward", k, gm, params, grads, requires_grad=rg)
+            cg = CapturedGraph("backward", k, gm, params, grads, requires_grad=rg, persistent=step.persistent(grads))
             graphs.append(cg)
             return runner(cg, make_boxed_func(gm.forward))
 

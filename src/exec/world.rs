@@ -5,7 +5,7 @@
 
 use super::inputs::Inputs;
 use super::{Backend, ExecError, Executor, Feed, Plan, ProgramRun};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use zerosched_ir::{Graph, NodeId, Program, TensorMeta, Val};
 
 /// The inputs of a program's graphs.
@@ -65,16 +65,6 @@ impl<B: Backend> Feed<B> for ProgramFeed<'_, B> {
     }
 }
 
-/// Parameters kept whole anywhere in the program.
-pub fn persistent(p: &Program) -> BTreeSet<String> {
-    p.graphs
-        .iter()
-        .flat_map(|g| g.params.iter())
-        .filter(|p| p.persistent)
-        .map(|p| p.name.clone())
-        .collect()
-}
-
 /// Runs every graph of `p` in order.
 pub fn run_program<B: Backend>(
     exec: &mut Executor<B>,
@@ -83,7 +73,7 @@ pub fn run_program<B: Backend>(
 ) -> Result<ProgramRun<B::Tensor>, ExecError> {
     exec.check_supported(p)?;
     inputs.check(p)?;
-    let persistent = persistent(p);
+    let persistent = p.persistent();
     let plans: Vec<Plan<'_>> = p.graphs.iter().map(|g| Plan::new(g, &persistent)).collect();
     run_plans(exec, &plans, inputs)
 }

@@ -406,7 +406,7 @@ impl<'de> Visitor<'de> for ParamSeed {
 #[derive(Clone, Copy)]
 struct GradSeed;
 
-const GRAD_KEYS: &[&str] = &["param", "output_index"];
+const GRAD_KEYS: &[&str] = &["param", "output_index", "persistent"];
 
 impl<'de> DeserializeSeed<'de> for GradSeed {
     type Value = Grad;
@@ -422,7 +422,7 @@ impl<'de> Visitor<'de> for GradSeed {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Grad, A::Error> {
         let mut seen = Seen::default();
-        let (mut param, mut output_index) = (None, None);
+        let (mut param, mut output_index, mut persistent) = (None, None, false);
         while let Some(key) = map.next_key_seed(Key(GRAD_KEYS))? {
             let Some(k) = key else {
                 map.next_value::<IgnoredAny>()?;
@@ -432,13 +432,15 @@ impl<'de> Visitor<'de> for GradSeed {
             match k {
                 0 => param = Some(map.next_value()?),
                 // An i64 in the careful path, refused there unless it fits a u32.
-                _ => output_index = Some(map.next_value::<i64>()?),
+                1 => output_index = Some(map.next_value::<i64>()?),
+                _ => persistent = map.next_value()?,
             }
         }
         match (param, output_index.and_then(|i| u32::try_from(i).ok())) {
             (Some(param), Some(output_index)) => Ok(Grad {
                 param,
                 output_index,
+                persistent,
             }),
             _ => Err(give_up()),
         }

@@ -213,6 +213,7 @@ fn graph(doc: RawGraph, label: &str) -> Result<Graph, Diagnostics> {
             Ok(output_index) => grads.push(Grad {
                 param: g.param.clone(),
                 output_index,
+                persistent: g.persistent,
             }),
             Err(_) => d.push(
                 Location::graph_field(label, format!("grads[{gi}].output_index")),

@@ -136,4 +136,6 @@ pub(super) struct RawParam {
 pub(super) struct RawGrad {
     pub param: String,
     pub output_index: i64,
+    #[serde(default)]
+    pub persistent: bool,
 }

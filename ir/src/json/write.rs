@@ -86,6 +86,9 @@ fn write_graph(out: &mut Vec<u8>, g: &Graph) {
         w.str(&gr.param);
         w.raw(b",\"output_index\":");
         w.int(gr.output_index);
+        if gr.persistent {
+            w.raw(b",\"persistent\":true");
+        }
         w.raw(b"}");
     }
     w.raw(b"]}");

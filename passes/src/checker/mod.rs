@@ -78,9 +78,8 @@ pub fn check_program(p: &Program, opts: &CheckOptions) -> Result<Vec<CheckReport
 fn declared_persistent(graphs: &[Graph]) -> BTreeSet<String> {
     graphs
         .iter()
-        .flat_map(|g| &g.params)
-        .filter(|p| p.persistent)
-        .map(|p| p.name.clone())
+        .flat_map(Graph::persistent_names)
+        .map(str::to_owned)
         .collect()
 }
 

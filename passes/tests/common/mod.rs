@@ -179,6 +179,7 @@ pub fn train_step(layers: usize, dim: u64, ms: f64) -> zerosched_ir::Program {
         .map(|l| zerosched_ir::Grad {
             param: format!("layers.{l}.weight"),
             output_index: l as u32,
+            persistent: false,
         })
         .collect();
     zerosched_ir::Program::bundle(vec![fwd, bwd])
