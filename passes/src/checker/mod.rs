@@ -48,7 +48,7 @@ pub struct CheckReport {
 /// Checks one graph. Persistence is as the graph itself declares it; whether its keeps and
 /// reuses pair up across graphs is for [`check_program`].
 pub fn check_graph(g: &Graph, opts: &CheckOptions) -> Result<CheckReport, Violations> {
-    let persistent = declared_persistent(std::slice::from_ref(g));
+    let persistent = g.persistent_names().map(str::to_owned).collect();
     let mut out = Vec::new();
     let report = check_into(g, opts, &persistent, &mut out);
     if out.is_empty() {
@@ -60,7 +60,7 @@ pub fn check_graph(g: &Graph, opts: &CheckOptions) -> Result<CheckReport, Violat
 
 /// Checks every graph of a program; a parameter persistent in any graph is persistent in all.
 pub fn check_program(p: &Program, opts: &CheckOptions) -> Result<Vec<CheckReport>, Violations> {
-    let persistent = declared_persistent(&p.graphs);
+    let persistent = p.persistent();
     let mut out = Vec::new();
     let reports = p
         .graphs
@@ -73,14 +73,6 @@ pub fn check_program(p: &Program, opts: &CheckOptions) -> Result<Vec<CheckReport
     } else {
         Err(Violations(out))
     }
-}
-
-fn declared_persistent(graphs: &[Graph]) -> BTreeSet<String> {
-    graphs
-        .iter()
-        .flat_map(Graph::persistent_names)
-        .map(str::to_owned)
-        .collect()
 }
 
 fn check_into(
