@@ -12,6 +12,7 @@ use bincode::de::{BorrowDecoder, Decoder};
 use bincode::error::DecodeError;
 use bincode::{BorrowDecode, Decode, Encode};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// `ZSGRAPH` and a byte that no text encoding of JSON starts with.
 pub const MAGIC: &[u8; 8] = b"ZSGRAPH\x89";
@@ -237,9 +238,10 @@ fn decode_graph(bg: BinGraph, i: usize) -> Result<Graph, Diagnostics> {
     let label = bg.name.clone().unwrap_or_else(|| format!("graphs[{i}]"));
     let mut d = Diagnostics::default();
     let mut g = Graph::new(bg.name, bg.kind);
+    let tensors = shared(bg.tensors);
     let tables = Tables {
         targets: &bg.targets,
-        tensors: &bg.tensors,
+        tensors: &tensors,
     };
     for (pos, n) in bg.nodes.iter().enumerate() {
         let at = |field: &str| Location::field(&label, &n.name, field);
@@ -329,7 +331,12 @@ fn decode_graph(bg: BinGraph, i: usize) -> Result<Graph, Diagnostics> {
 /// A graph's tables, looked up with a typed error for an index out of range.
 struct Tables<'t> {
     targets: &'t [Str],
-    tensors: &'t [TensorMeta],
+    tensors: &'t [Arc<TensorMeta>],
+}
+
+/// A graph's tensor table, one shared copy of each entry for all the nodes that use it.
+fn shared(tensors: Vec<TensorMeta>) -> Vec<Arc<TensorMeta>> {
+    tensors.into_iter().map(Arc::new).collect()
 }
 
 impl Tables<'_> {
@@ -337,7 +344,7 @@ impl Tables<'_> {
         lookup(self.targets, "targets", i)
     }
 
-    fn tensor(&self, i: u32) -> Result<TensorMeta, Problem> {
+    fn tensor(&self, i: u32) -> Result<Arc<TensorMeta>, Problem> {
         lookup(self.tensors, "tensors", i)
     }
 
@@ -427,7 +434,7 @@ fn decode_graph_fast<'de, D: BorrowDecoder<'de, Context = usize>>(
     let name = if is_some(d)? { Some(string(d)?) } else { None };
     let kind = GraphKind::decode(d)?;
     let targets = Vec::<Str>::borrow_decode(d)?;
-    let tensors = Vec::<TensorMeta>::borrow_decode(d)?;
+    let tensors = shared(Vec::<TensorMeta>::borrow_decode(d)?);
     let tables = Tables {
         targets: &targets,
         tensors: &tensors,

@@ -2,6 +2,7 @@
 
 use crate::{Dtype, Str};
 use bincode::{Decode, Encode};
+use std::sync::Arc;
 
 /// A symbolic integer as the exporter saw it: its expression and the concrete value it had.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Encode, Decode)]
@@ -65,11 +66,15 @@ impl TensorMeta {
 }
 
 /// The value a node produces, as its `meta.val` records it.
+///
+/// Tensor metadata is shared: a training step has a few hundred distinct tensor shapes over
+/// tens of thousands of nodes, so the importers hand out one copy of each and cloning a node
+/// or a graph copies a pointer instead of two shape lists.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Val {
-    Tensor(TensorMeta),
+    Tensor(Arc<TensorMeta>),
     /// A multi-output op: one entry per output, `None` where the output is not a tensor.
-    Tuple(Vec<Option<TensorMeta>>),
+    Tuple(Vec<Option<Arc<TensorMeta>>>),
     Sym(SymInt),
     Int(i64),
     Float(f64),
@@ -79,12 +84,12 @@ pub enum Val {
 impl Val {
     /// The tensors this value holds, in output order.
     pub fn tensors(&self) -> impl Iterator<Item = &TensorMeta> {
-        let (one, many): (Option<&TensorMeta>, &[Option<TensorMeta>]) = match self {
+        let (one, many): (Option<&TensorMeta>, &[Option<Arc<TensorMeta>>]) = match self {
             Val::Tensor(t) => (Some(t), &[]),
             Val::Tuple(ts) => (None, ts.as_slice()),
             _ => (None, &[]),
         };
-        one.into_iter().chain(many.iter().flatten())
+        one.into_iter().chain(many.iter().flatten().map(|t| &**t))
     }
 
     /// Total bytes of the tensors this value holds; `None` on overflow.

@@ -199,7 +199,11 @@ pub fn literal_arg(depth: u32) -> BoxedStrategy<Arg<NodeId>> {
 pub fn chain(n: usize) -> Program {
     let mut g = Graph::new(Some("chain".into()), GraphKind::Forward);
     let shape = vec![Dim::Const(8), Dim::Const(8)];
-    let t = || Some(Val::Tensor(TensorMeta::new(shape.clone(), Dtype::Float32)));
+    let t = || {
+        Some(Val::Tensor(
+            TensorMeta::new(shape.clone(), Dtype::Float32).into(),
+        ))
+    };
     let p = g
         .push(Node {
             meta: Box::new(Meta {
@@ -556,7 +560,7 @@ impl<'s> Builder<'s> {
         val: TensorMeta,
     ) -> NodeId {
         let mut n = Node::call(name, target, args);
-        n.meta.val = Some(Val::Tensor(val));
+        n.meta.val = Some(Val::Tensor(val.into()));
         self.push(n)
     }
 
@@ -577,7 +581,7 @@ impl<'s> Builder<'s> {
 
     fn input(&mut self, name: &str, val: TensorMeta) -> NodeId {
         let mut n = placeholder(name);
-        n.meta.val = Some(Val::Tensor(val));
+        n.meta.val = Some(Val::Tensor(val.into()));
         self.push(n)
     }
 
@@ -592,7 +596,7 @@ impl<'s> Builder<'s> {
         let mut val = TensorMeta::new(shape.clone(), self.shape.dtype);
         val.requires_grad = Some(true);
         let mut n = placeholder(&ph);
-        n.meta.val = Some(Val::Tensor(val));
+        n.meta.val = Some(Val::Tensor(val.into()));
         let id = self.push(n);
         self.params.push(Param {
             name,
@@ -687,7 +691,7 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
             let t_val = |b: &Builder| {
                 let mut t = b.tensor(vec![h, h]);
                 t.stride = Some(vec![Dim::Const(1), Dim::Const(h)]);
-                Val::Tensor(t)
+                Val::Tensor(t.into())
             };
             let out = match spec.via {
                 Via::Direct => b.call(
@@ -708,7 +712,7 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                 }
                 Via::ViewT => {
                     let sizes = Arg::List(vec![Arg::Int(h as i64), Arg::Int(h as i64)]);
-                    let v = Val::Tensor(b.tensor(vec![h, h]));
+                    let v = Val::Tensor(b.tensor(vec![h, h]).into());
                     let view = b.view(
                         "view",
                         "aten.view.default",
@@ -737,8 +741,12 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                             }
                         })
                         .collect();
-                    let val =
-                        Val::Tuple(sizes.iter().map(|&s| Some(b.tensor(vec![s, h]))).collect());
+                    let val = Val::Tuple(
+                        sizes
+                            .iter()
+                            .map(|&s| Some(b.tensor(vec![s, h]).into()))
+                            .collect(),
+                    );
                     let split = b.view(
                         "split",
                         "aten.split.Tensor",
@@ -748,7 +756,7 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                     );
                     let mut parts = Vec::new();
                     for (i, &s) in sizes.iter().enumerate() {
-                        let v = Val::Tensor(b.tensor(vec![s, h]));
+                        let v = Val::Tensor(b.tensor(vec![s, h]).into());
                         let gi = b.view(
                             "getitem",
                             "operator.getitem",
@@ -756,7 +764,7 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                             v,
                             rec,
                         );
-                        let v = Val::Tensor(b.tensor(vec![h, s]));
+                        let v = Val::Tensor(b.tensor(vec![h, s]).into());
                         let t = b.view("t", "aten.t.default", vec![Arg::Node(gi)], v, rec);
                         let mut part = act.clone();
                         part.shape[1] = Dim::Const(s);
@@ -791,7 +799,7 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
             let mut n = Node::call("linear", "aten.linear.default", vec![Arg::Node(x)]);
             n.kwargs.insert("weight".into(), Arg::Node(w));
             n.kwargs.insert("bias".into(), Arg::None);
-            n.meta.val = Some(Val::Tensor(act));
+            n.meta.val = Some(Val::Tensor(act.into()));
             b.push(n)
         }
         Block::KwargMask => {
@@ -804,7 +812,7 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
             n.kwargs.insert("attn_mask".into(), Arg::Node(mask));
             n.kwargs.insert("is_causal".into(), Arg::Bool(false));
             n.kwargs.insert("scale".into(), Arg::Float(0.125));
-            n.meta.val = Some(Val::Tensor(act));
+            n.meta.val = Some(Val::Tensor(act.into()));
             b.push(n)
         }
         Block::Moe {
@@ -819,7 +827,7 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                 "t",
                 "aten.t.default",
                 vec![Arg::Node(rw)],
-                Val::Tensor(rt),
+                Val::Tensor(rt.into()),
                 *record_aliases,
             );
             let mut logits = act.clone();
@@ -840,7 +848,7 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                     "t",
                     "aten.t.default",
                     vec![Arg::Node(w)],
-                    Val::Tensor(tv),
+                    Val::Tensor(tv.into()),
                     *record_aliases,
                 );
                 let hmm = b.call(
@@ -860,7 +868,7 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                         Arg::Int(i as i64),
                         Arg::Int(i as i64 + 1),
                     ],
-                    Val::Tensor(gate),
+                    Val::Tensor(gate.into()),
                     *record_aliases,
                 );
                 let y = b.call(
@@ -894,7 +902,7 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
             let mut stat = act.clone();
             stat.shape[1] = Dim::Const(1);
             stat.stride = None;
-            let mut items = vec![Some(stat.clone()), Some(stat.clone())];
+            let mut items = vec![Some(stat.clone().into()), Some(stat.clone().into())];
             if *none_slot {
                 items.push(None);
             }
@@ -912,14 +920,14 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                 "getitem",
                 "operator.getitem",
                 vec![Arg::Node(vm), Arg::Int(0)],
-                Val::Tensor(stat.clone()),
+                Val::Tensor(stat.clone().into()),
                 false,
             );
             let g1 = b.view(
                 "getitem",
                 "operator.getitem",
                 vec![Arg::Node(vm), Arg::Int(1)],
-                Val::Tensor(stat),
+                Val::Tensor(stat.into()),
                 false,
             );
             let centered = b.call(
@@ -947,7 +955,7 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                 act.clone(),
             );
             let mut n = Node::call("add_", "aten.add_.Tensor", vec![Arg::Node(c), Arg::Node(x)]);
-            n.meta.val = Some(Val::Tensor(act));
+            n.meta.val = Some(Val::Tensor(act.into()));
             n.meta.aliases = Some(vec![0]);
             n.meta.mutates = Some(vec![0]);
             b.push(n)
@@ -976,7 +984,7 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                 target: "_tensor_constant0".into(),
                 ..Node::call("_tensor_constant0", "", vec![])
             };
-            n.meta.val = Some(Val::Tensor(b.tensor(vec![h])));
+            n.meta.val = Some(Val::Tensor(b.tensor(vec![h]).into()));
             let c = b.push(n);
             b.call(
                 "add",
@@ -989,13 +997,13 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
             let mut all = vec![Arg::Node(x)];
             all.extend(args.iter().cloned());
             let mut n = Node::call("opaque", "custom.opaque_op.default", all);
-            n.meta.val = Some(Val::Tensor(act));
+            n.meta.val = Some(Val::Tensor(act.into()));
             b.push(n)
         }
         Block::Kwargs(kwargs) => {
             let mut n = Node::call("opaque", "custom.kwarg_op.default", vec![Arg::Node(x)]);
             n.kwargs = kwargs.clone();
-            n.meta.val = Some(Val::Tensor(act));
+            n.meta.val = Some(Val::Tensor(act.into()));
             let y = b.push(n);
             // A scalar-valued node next to it: `meta.val` as a SYM, an int or a float.
             let mut s = Node::call(
@@ -1063,7 +1071,7 @@ fn build_backward(shape: &Shape, params: &[Param], seed: u64, all_grads: bool) -
             "t",
             "aten.t.default",
             vec![Arg::Node(dx)],
-            Val::Tensor(tv),
+            Val::Tensor(tv.into()),
             next() % 2 == 0,
         );
         let gval = b.tensor(dims);

@@ -136,7 +136,7 @@ fn negative_symbolic_hint_is_refused_by_both_importers() {
     let g = &mut p.graphs[0];
     let id = g.order()[1];
     if let Some(Val::Tensor(t)) = &mut g.meta_mut(id).val {
-        t.shape[0] = Dim::Sym(SymInt {
+        std::sync::Arc::make_mut(t).shape[0] = Dim::Sym(SymInt {
             expr: "s0".into(),
             hint: -56,
         });

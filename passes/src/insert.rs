@@ -165,7 +165,7 @@ fn full_meta(g: &Graph, placeholder: NodeId, dtype: Option<Dtype>) -> Option<Val
     if let Some(Val::Tensor(v)) = &g.node(placeholder).meta.val {
         t.device.clone_from(&v.device);
     }
-    Some(Val::Tensor(t))
+    Some(Val::Tensor(t.into()))
 }
 
 fn reduce_grads(

@@ -24,10 +24,7 @@ struct B {
 }
 
 fn tensor(shape: &[u64], dtype: Dtype) -> Val {
-    Val::Tensor(TensorMeta::new(
-        shape.iter().map(|&d| Dim::Const(d)).collect(),
-        dtype,
-    ))
+    Val::Tensor((TensorMeta::new(shape.iter().map(|&d| Dim::Const(d)).collect(), dtype)).into())
 }
 
 fn n(id: NodeId) -> Arg<NodeId> {

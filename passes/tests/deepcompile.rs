@@ -27,7 +27,7 @@ impl Builder {
 
     fn val(shape: &[u64]) -> Option<Val> {
         let dims = shape.iter().map(|&d| Dim::Const(d)).collect();
-        Some(Val::Tensor(TensorMeta::new(dims, Dtype::Float32)))
+        Some(Val::Tensor((TensorMeta::new(dims, Dtype::Float32)).into()))
     }
 
     fn node(&mut self, n: Node, shape: &[u64]) -> NodeId {

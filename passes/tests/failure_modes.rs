@@ -109,7 +109,9 @@ fn add_output_only_param(g: &mut Graph, name: &str, placeholder: &str) {
     let n = Node {
         op: Op::Placeholder,
         meta: Box::new(Meta {
-            val: Some(Val::Tensor(TensorMeta::new(shape.clone(), Dtype::BFloat16))),
+            val: Some(Val::Tensor(
+                (TensorMeta::new(shape.clone(), Dtype::BFloat16)).into(),
+            )),
             ..Meta::default()
         }),
         ..Node::call(placeholder, placeholder, vec![])

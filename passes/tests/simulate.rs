@@ -32,10 +32,9 @@ fn opts() -> SimOptions {
 }
 
 fn f32s(n: u64) -> Option<Val> {
-    Some(Val::Tensor(TensorMeta::new(
-        vec![Dim::Const(n)],
-        Dtype::Float32,
-    )))
+    Some(Val::Tensor(
+        (TensorMeta::new(vec![Dim::Const(n)], Dtype::Float32)).into(),
+    ))
 }
 
 /// A graph under construction: f32 vectors, compute nodes with measured times.

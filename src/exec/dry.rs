@@ -39,7 +39,7 @@ impl Backend for Dry {
         Ok(match &env.node().meta.val {
             Some(Val::Tensor(t)) => Value::Tensor(DryTensor::of(t)),
             Some(Val::Tuple(ts)) => {
-                Value::List(ts.iter().map(|t| t.as_ref().map(DryTensor::of)).collect())
+                Value::List(ts.iter().map(|t| t.as_deref().map(DryTensor::of)).collect())
             }
             _ => Value::None,
         })

@@ -109,7 +109,7 @@ impl<'a, T> Env<'a, T> {
     /// The recorded metadata of output `k` of a multi-output node.
     pub fn out_meta_k(&self, k: usize) -> Option<&'a TensorMeta> {
         match &self.node().meta.val {
-            Some(Val::Tuple(ts)) => ts.get(k).and_then(Option::as_ref),
+            Some(Val::Tuple(ts)) => ts.get(k).and_then(Option::as_deref),
             Some(Val::Tensor(t)) if k == 0 => Some(t),
             _ => None,
         }

@@ -17,6 +17,7 @@ use crate::{
     TensorMeta, Val,
 };
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -467,7 +468,11 @@ impl<'de> Visitor<'de> for NodesSeed {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Graph, A::Error> {
         let mut g = Graph::new(None, GraphKind::Forward);
-        while let Some(node) = seq.next_element_seed(NodeSeed(&g))? {
+        let mut vals = Vals::default();
+        while let Some(node) = seq.next_element_seed(NodeSeed {
+            graph: &g,
+            vals: &mut vals,
+        })? {
             // A repeated name is refused here.
             g.push(node).map_err(|_| give_up())?;
         }
@@ -476,25 +481,28 @@ impl<'de> Visitor<'de> for NodesSeed {
 }
 
 /// One node, its references resolved against the nodes of the graph so far.
-struct NodeSeed<'g>(&'g Graph);
+struct NodeSeed<'g, 'de> {
+    graph: &'g Graph,
+    vals: &'g mut Vals<'de>,
+}
 
 const NODE_KEYS: &[&str] = &["name", "op", "target", "args", "kwargs", "meta"];
 
-impl<'de> DeserializeSeed<'de> for NodeSeed<'_> {
+impl<'de> DeserializeSeed<'de> for NodeSeed<'_, 'de> {
     type Value = Node;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Node, D::Error> {
         d.deserialize_map(self)
     }
 }
 
-impl<'de> Visitor<'de> for NodeSeed<'_> {
+impl<'de> Visitor<'de> for NodeSeed<'_, 'de> {
     type Value = Node;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a node")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
         let mut seen = Seen::default();
-        let resolve = Resolve(self.0);
+        let resolve = Resolve(self.graph);
         let (mut name, mut op, mut target): (Option<Str>, _, Option<Str>) = (None, None, None);
         let mut args = Vec::new();
         let mut kwargs = BTreeMap::new();
@@ -511,7 +519,7 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                 2 => target = map.next_value()?,
                 3 => args = map.next_value_seed(ArgsSeed(resolve))?,
                 4 => kwargs = map.next_value_seed(KwargsSeed(resolve))?,
-                _ => meta = map.next_value_seed(MetaSeed)?,
+                _ => meta = map.next_value_seed(MetaSeed(&mut *self.vals))?,
             }
         }
         let (Some(name), Some(op)) = (name, op) else {
@@ -577,18 +585,18 @@ impl<'de> Visitor<'de> for KwargsSeed<'_> {
     }
 }
 
-struct MetaSeed;
+struct MetaSeed<'v, 'de>(&'v mut Vals<'de>);
 
 const META_KEYS: &[&str] = &["val", "aliases", "mutates", "device_time_ms"];
 
-impl<'de> DeserializeSeed<'de> for MetaSeed {
+impl<'de> DeserializeSeed<'de> for MetaSeed<'_, 'de> {
     type Value = Meta;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Meta, D::Error> {
         d.deserialize_map(self)
     }
 }
 
-impl<'de> Visitor<'de> for MetaSeed {
+impl<'de> Visitor<'de> for MetaSeed<'_, 'de> {
     type Value = Meta;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("node metadata")
@@ -603,7 +611,7 @@ impl<'de> Visitor<'de> for MetaSeed {
             };
             seen.first(k)?;
             match k {
-                0 => meta.val = map.next_value_seed(Nullable(ValSeed))?,
+                0 => meta.val = self.0.read(map.next_value()?)?,
                 // Each entry must fit a u32, or the careful path reports it.
                 1 => meta.aliases = map.next_value()?,
                 2 => meta.mutates = map.next_value()?,
@@ -611,6 +619,30 @@ impl<'de> Visitor<'de> for MetaSeed {
             }
         }
         Ok(meta)
+    }
+}
+
+/// The `meta.val`s of a graph read so far, by their text.
+///
+/// A training step spells the same few hundred values over and over (every layer's
+/// activations have the same shape), so a value is parsed once and each later node with the
+/// same text shares its tensor metadata. Skipping over the text is much cheaper than building
+/// shape and stride lists from it again.
+#[derive(Default)]
+struct Vals<'de>(hashbrown::HashMap<&'de str, Option<Val>>);
+
+impl<'de> Vals<'de> {
+    fn read<E: de::Error>(&mut self, raw: &'de RawValue) -> Result<Option<Val>, E> {
+        let text = raw.get();
+        if let Some(v) = self.0.get(text) {
+            return Ok(v.clone());
+        }
+        let mut de = serde_json::Deserializer::from_str(text);
+        let v = Nullable(ValSeed)
+            .deserialize(&mut de)
+            .map_err(|_| give_up())?;
+        self.0.insert(text, v.clone());
+        Ok(v)
     }
 }
 
@@ -648,7 +680,7 @@ impl<'de> Visitor<'de> for ValSeed {
         let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
         while let Some(item) = seq.next_element_seed(Nullable(ObjSeed))? {
             // A tuple's entries are tensors (a `sym` key in one is ignored).
-            items.push(item.map(Obj::tensor).transpose()?);
+            items.push(item.map(Obj::tensor).transpose()?.map(Into::into));
         }
         Ok(Val::Tuple(items))
     }
@@ -657,7 +689,7 @@ impl<'de> Visitor<'de> for ValSeed {
         if o.sym.is_some() {
             Ok(Val::Sym(o.sym_int()?))
         } else {
-            Ok(Val::Tensor(o.tensor()?))
+            Ok(Val::Tensor(o.tensor()?.into()))
         }
     }
 }

@@ -21,7 +21,7 @@ pub(super) fn val(v: &Value) -> Result<Option<Val>, FieldError> {
                 .map(|(i, item)| match item {
                     Value::Null => Ok(None),
                     Value::Object(o) => tensor(o)
-                        .map(Some)
+                        .map(|t| Some(t.into()))
                         .map_err(|(f, p)| (format!("[{i}].{f}"), p)),
                     other => Err((
                         format!("[{i}]"),
@@ -33,7 +33,7 @@ pub(super) fn val(v: &Value) -> Result<Option<Val>, FieldError> {
         Value::Object(o) if o.contains_key("sym") => {
             Val::Sym(sym(v).map_err(|p| (String::new(), p))?)
         }
-        Value::Object(o) => Val::Tensor(tensor(o)?),
+        Value::Object(o) => Val::Tensor(tensor(o)?.into()),
         Value::String(s) => {
             return Err((
                 String::new(),

@@ -6,6 +6,8 @@
 //! same values with serde_json would give.
 
 use crate::{Arg, Dim, Form, Graph, Meta, Node, NodeId, Program, SideTable, TensorMeta, Val};
+use std::ops::Range;
+use std::sync::Arc;
 
 /// Bytes per node of a typical export, to size the output once instead of growing it.
 const BYTES_PER_NODE: usize = 320;
@@ -43,7 +45,11 @@ fn write_graph(out: &mut Vec<u8>, g: &Graph) {
     for (id, n) in g.nodes() {
         names[id] = n.name.as_str();
     }
-    let mut w = Writer { out, names: &names };
+    let mut w = Writer {
+        out,
+        names: &names,
+        tensors: hashbrown::HashMap::new(),
+    };
     w.raw(b"{\"format\":\"fx-graph\",\"version\":1,");
     if let Some(name) = &g.name {
         w.raw(b"\"name\":");
@@ -97,6 +103,10 @@ fn write_graph(out: &mut Vec<u8>, g: &Graph) {
 struct Writer<'a> {
     out: &'a mut Vec<u8>,
     names: &'a SideTable<&'a str>,
+    /// Where each shared tensor metadata was first written: the nodes that share it copy
+    /// those bytes instead of formatting it again. Keyed by address, for lookups only, so
+    /// the output does not depend on it.
+    tensors: hashbrown::HashMap<*const TensorMeta, Range<usize>>,
 }
 
 impl Writer<'_> {
@@ -276,7 +286,18 @@ impl Writer<'_> {
         }
     }
 
-    fn tensor(&mut self, t: &TensorMeta) {
+    fn tensor(&mut self, t: &Arc<TensorMeta>) {
+        let key = Arc::as_ptr(t);
+        if let Some(text) = self.tensors.get(&key) {
+            self.out.extend_from_within(text.clone());
+            return;
+        }
+        let start = self.out.len();
+        self.tensor_fields(t);
+        self.tensors.insert(key, start..self.out.len());
+    }
+
+    fn tensor_fields(&mut self, t: &TensorMeta) {
         self.raw(b"{\"shape\":");
         self.dims(&t.shape);
         self.raw(b",\"dtype\":");

@@ -77,7 +77,7 @@ impl Writer<'_> {
         if let Some(Val::Tensor(v)) = &g.node(like).meta.val {
             t.device.clone_from(&v.device);
         }
-        Some(Val::Tensor(t))
+        Some(Val::Tensor(t.into()))
     }
 
     /// The node for e-class `class`, whose chosen e-node's one tensor child is already `child`.

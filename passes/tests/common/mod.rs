@@ -14,10 +14,13 @@ pub fn node(id: NodeId) -> Arg<NodeId> {
 }
 
 fn tensor(shape: &[u64]) -> Option<Val> {
-    Some(Val::Tensor(TensorMeta::new(
-        shape.iter().map(|&d| Dim::Const(d)).collect(),
-        Dtype::Float32,
-    )))
+    Some(Val::Tensor(
+        (TensorMeta::new(
+            shape.iter().map(|&d| Dim::Const(d)).collect(),
+            Dtype::Float32,
+        ))
+        .into(),
+    ))
 }
 
 impl Builder {
@@ -203,7 +206,7 @@ impl Builder {
         );
         let n = Node {
             meta: Box::new(Meta {
-                val: Some(Val::Tuple(vec![Some(one); parts])),
+                val: Some(Val::Tuple(vec![Some(one.into()); parts])),
                 ..Meta::default()
             }),
             ..Node::call(name, target, args)
