@@ -423,7 +423,7 @@ impl Graph {
 struct Distinct {
     few: [NodeId; Distinct::FEW],
     len: usize,
-    many: Option<std::collections::HashSet<NodeId>>,
+    many: Option<hashbrown::HashSet<NodeId>>,
 }
 
 impl Distinct {
@@ -440,7 +440,7 @@ impl Distinct {
             self.few[self.len] = r;
             self.len += 1;
         } else {
-            let mut set: std::collections::HashSet<NodeId> = self.few.iter().copied().collect();
+            let mut set: hashbrown::HashSet<NodeId> = self.few.iter().copied().collect();
             set.insert(r);
             self.many = Some(set);
         }

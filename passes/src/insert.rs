@@ -8,7 +8,7 @@
 use crate::alias::Aliases;
 use crate::ops;
 use std::collections::{BTreeMap, BTreeSet};
-use zerosched_ir::{Arg, Dtype, Graph, GraphKind, NodeId, Problem, SideTable, Val};
+use zerosched_ir::{Arg, Dtype, Graph, GraphKind, NodeId, Param, Problem, SideTable, Val};
 
 /// What insertion did to one graph.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -46,14 +46,14 @@ pub fn insert(g: &mut Graph, persistent: &BTreeSet<String>) -> Result<InsertRepo
         .cloned()
         .chain(g.persistent_names().map(str::to_owned))
         .collect();
-    let params: Vec<(String, NodeId)> = g
+    let params: Vec<Param> = g
         .params
         .iter()
         .filter(|p| !persistent.contains(&p.name))
-        .map(|p| (p.name.clone(), p.node))
+        .cloned()
         .collect();
-    for (name, placeholder) in params {
-        gather_param(g, &aliases, &name, placeholder, &mut plan, &mut report)?;
+    for p in &params {
+        gather_param(g, &aliases, p, &mut plan, &mut report)?;
     }
     if g.kind == GraphKind::Backward {
         reduce_grads(g, &persistent, &mut plan, &mut report)?;
@@ -65,13 +65,13 @@ pub fn insert(g: &mut Graph, persistent: &BTreeSet<String>) -> Result<InsertRepo
 fn gather_param(
     g: &mut Graph,
     aliases: &Aliases,
-    name: &str,
-    placeholder: NodeId,
+    param: &Param,
     plan: &mut Placement,
     report: &mut InsertReport,
 ) -> Result<(), Problem> {
+    let (name, placeholder) = (param.name.as_str(), param.node);
     let output = g.output();
-    let cast = fusable_downcast(g, placeholder, output);
+    let cast = fusable_downcast(g, param, output);
     // The storage whose uses the gathered value takes over: the parameter's, or the cast's.
     let replaced = cast.map_or(placeholder, |(c, _)| c);
     let uses = aliases.real_uses(g, replaced);
@@ -101,11 +101,11 @@ fn gather_param(
         .filter(|&u| cast.is_some() || Some(u) != output)
         .collect();
     let dtype = cast.map(|(_, d)| d);
-    let full = full_meta(g, placeholder, dtype);
+    let full = full_meta(g, param, dtype);
     let gather = g.add(ops::allgather(g, placeholder, name, dtype))?;
-    g.meta_mut(gather).val = full.clone();
+    g.meta_mut(gather).val = Some(full.clone());
     let wait = g.add(ops::wait(g, gather, name))?;
-    g.meta_mut(wait).val = full;
+    g.meta_mut(wait).val = Some(full);
     g.meta_mut(wait).aliases = Some(vec![0]);
     for &user in &consumers {
         g.map_refs(user, |r| if r == replaced { wait } else { r })?;
@@ -132,11 +132,8 @@ fn gather_param(
 }
 
 /// A convert of the parameter to a smaller float dtype that is the parameter's only consumer.
-fn fusable_downcast(
-    g: &Graph,
-    placeholder: NodeId,
-    output: Option<NodeId>,
-) -> Option<(NodeId, Dtype)> {
+fn fusable_downcast(g: &Graph, param: &Param, output: Option<NodeId>) -> Option<(NodeId, Dtype)> {
+    let placeholder = param.node;
     let [user] = g.users(placeholder)[..] else {
         return None;
     };
@@ -151,7 +148,7 @@ fn fusable_downcast(
     };
     let from = match &g.node(placeholder).meta.val {
         Some(Val::Tensor(t)) => t.dtype,
-        _ => g.param_of(placeholder)?.dtype,
+        _ => param.dtype,
     };
     let returned = output.is_some_and(|o| g.dag().contains_edge(user, o));
     (to.is_floating() && from.is_floating() && to.size() < from.size() && !returned)
@@ -159,13 +156,12 @@ fn fusable_downcast(
 }
 
 /// The gathered tensor's metadata: the parameter's full shape, in `dtype` if cast.
-fn full_meta(g: &Graph, placeholder: NodeId, dtype: Option<Dtype>) -> Option<Val> {
-    let p = g.param_of(placeholder)?;
+fn full_meta(g: &Graph, p: &Param, dtype: Option<Dtype>) -> Val {
     let mut t = zerosched_ir::TensorMeta::new(p.shape.clone(), dtype.unwrap_or(p.dtype));
-    if let Some(Val::Tensor(v)) = &g.node(placeholder).meta.val {
+    if let Some(Val::Tensor(v)) = &g.node(p.node).meta.val {
         t.device.clone_from(&v.device);
     }
-    Some(Val::Tensor(t.into()))
+    Val::Tensor(t.into())
 }
 
 fn reduce_grads(

@@ -468,10 +468,10 @@ impl<'de> Visitor<'de> for NodesSeed {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Graph, A::Error> {
         let mut g = Graph::new(None, GraphKind::Forward);
-        let mut vals = Vals::default();
+        let mut metas = Metas::default();
         while let Some(node) = seq.next_element_seed(NodeSeed {
             graph: &g,
-            vals: &mut vals,
+            metas: &mut metas,
         })? {
             // A repeated name is refused here.
             g.push(node).map_err(|_| give_up())?;
@@ -483,7 +483,7 @@ impl<'de> Visitor<'de> for NodesSeed {
 /// One node, its references resolved against the nodes of the graph so far.
 struct NodeSeed<'g, 'de> {
     graph: &'g Graph,
-    vals: &'g mut Vals<'de>,
+    metas: &'g mut Metas<'de>,
 }
 
 const NODE_KEYS: &[&str] = &["name", "op", "target", "args", "kwargs", "meta"];
@@ -519,7 +519,7 @@ impl<'de> Visitor<'de> for NodeSeed<'_, 'de> {
                 2 => target = map.next_value()?,
                 3 => args = map.next_value_seed(ArgsSeed(resolve))?,
                 4 => kwargs = map.next_value_seed(KwargsSeed(resolve))?,
-                _ => meta = map.next_value_seed(MetaSeed(&mut *self.vals))?,
+                _ => meta = self.metas.read(map.next_value()?)?,
             }
         }
         let (Some(name), Some(op)) = (name, op) else {
@@ -585,18 +585,18 @@ impl<'de> Visitor<'de> for KwargsSeed<'_> {
     }
 }
 
-struct MetaSeed<'v, 'de>(&'v mut Vals<'de>);
+struct MetaSeed;
 
 const META_KEYS: &[&str] = &["val", "aliases", "mutates", "device_time_ms"];
 
-impl<'de> DeserializeSeed<'de> for MetaSeed<'_, 'de> {
+impl<'de> DeserializeSeed<'de> for MetaSeed {
     type Value = Meta;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Meta, D::Error> {
         d.deserialize_map(self)
     }
 }
 
-impl<'de> Visitor<'de> for MetaSeed<'_, 'de> {
+impl<'de> Visitor<'de> for MetaSeed {
     type Value = Meta;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("node metadata")
@@ -611,7 +611,7 @@ impl<'de> Visitor<'de> for MetaSeed<'_, 'de> {
             };
             seen.first(k)?;
             match k {
-                0 => meta.val = self.0.read(map.next_value()?)?,
+                0 => meta.val = map.next_value_seed(Nullable(ValSeed))?,
                 // Each entry must fit a u32, or the careful path reports it.
                 1 => meta.aliases = map.next_value()?,
                 2 => meta.mutates = map.next_value()?,
@@ -622,27 +622,25 @@ impl<'de> Visitor<'de> for MetaSeed<'_, 'de> {
     }
 }
 
-/// The `meta.val`s of a graph read so far, by their text.
+/// The `meta`s of a graph read so far, by their text.
 ///
-/// A training step spells the same few hundred values over and over (every layer's
-/// activations have the same shape), so a value is parsed once and each later node with the
-/// same text shares its tensor metadata. Skipping over the text is much cheaper than building
-/// shape and stride lists from it again.
+/// A training step spells the same few hundred metadata objects over and over (every layer's
+/// activations have the same shape), so each is parsed once and later nodes with the same
+/// text share its tensor metadata. Skipping over the text is much cheaper than reading the
+/// object, and cheaper still than building shape and stride lists from it again.
 #[derive(Default)]
-struct Vals<'de>(hashbrown::HashMap<&'de str, Option<Val>>);
+struct Metas<'de>(hashbrown::HashMap<&'de str, Meta>);
 
-impl<'de> Vals<'de> {
-    fn read<E: de::Error>(&mut self, raw: &'de RawValue) -> Result<Option<Val>, E> {
+impl<'de> Metas<'de> {
+    fn read<E: de::Error>(&mut self, raw: &'de RawValue) -> Result<Meta, E> {
         let text = raw.get();
-        if let Some(v) = self.0.get(text) {
-            return Ok(v.clone());
+        if let Some(m) = self.0.get(text) {
+            return Ok(m.clone());
         }
         let mut de = serde_json::Deserializer::from_str(text);
-        let v = Nullable(ValSeed)
-            .deserialize(&mut de)
-            .map_err(|_| give_up())?;
-        self.0.insert(text, v.clone());
-        Ok(v)
+        let m = MetaSeed.deserialize(&mut de).map_err(|_| give_up())?;
+        self.0.insert(text, m.clone());
+        Ok(m)
     }
 }
 

@@ -100,6 +100,19 @@ fn write_graph(out: &mut Vec<u8>, g: &Graph) {
     w.raw(b"]}");
 }
 
+/// The bytes a JSON string must escape: control characters, `"` and `\`.
+const ESCAPED: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        t[b] = true;
+        b += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
+
 struct Writer<'a> {
     out: &'a mut Vec<u8>,
     names: &'a SideTable<&'a str>,
@@ -116,7 +129,7 @@ impl Writer<'_> {
 
     fn str(&mut self, s: &str) {
         // Names, targets and dtypes almost never need escaping: copy those in one go.
-        if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        if !s.bytes().any(|b| ESCAPED[b as usize]) {
             self.out.push(b'"');
             self.out.extend_from_slice(s.as_bytes());
             self.out.push(b'"');
