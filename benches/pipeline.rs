@@ -10,6 +10,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::path::Path;
+use zerosched_passes::checker::{CheckOptions, check_program};
 use zerosched_passes::pipeline::{self, PipelineOptions};
 use zerosched_passes::schedule::ScheduleOptions;
 
@@ -41,10 +42,15 @@ fn whole_pipeline(c: &mut Criterion) {
     for &name in PROGRAMS {
         let Some(bytes) = load(name) else { continue };
         let opts = options(&bytes, "prefetch");
+        let check = CheckOptions {
+            budget: opts.schedule.budget,
+            world_size: opts.schedule.world_size,
+        };
         group.bench_function(name, |b| {
             b.iter(|| {
                 let mut p = zerosched_ir::import(black_box(&bytes)).expect("imports");
                 pipeline::run(&pipeline::standard(), &mut p, &opts).expect("schedules");
+                check_program(&p, &check).expect("the checker accepts the schedule");
                 black_box(zerosched_ir::json::export(&p))
             })
         });
