@@ -117,11 +117,19 @@ impl<'g, T: ?Sized + Eq + std::hash::Hash> Table<'g, T> {
     }
 }
 
-fn encode_graph(g: &Graph) -> BinGraph {
+fn encode_graph<'g>(g: &'g Graph) -> BinGraph {
     let pos = g.positions();
     let at = |id: &NodeId| pos[*id] as u32;
     let mut targets = Table::<str>::new();
     let mut tensors = Table::<TensorMeta>::new();
+    // Nodes share their tensor metadata: look each shared copy up by address once, and only
+    // a copy not seen before by its value.
+    let mut shared: hashbrown::HashMap<*const TensorMeta, u32> = hashbrown::HashMap::new();
+    let mut tensor = |t: &'g Arc<TensorMeta>| {
+        *shared
+            .entry(Arc::as_ptr(t))
+            .or_insert_with(|| tensors.of(t))
+    };
     let nodes = g
         .nodes()
         .map(|(_, n)| BinNode {
@@ -135,10 +143,10 @@ fn encode_graph(g: &Graph) -> BinGraph {
                 .map(|(k, a)| (k.clone(), a.map_refs(&mut |r| at(r))))
                 .collect(),
             val: n.meta.val.as_ref().map(|v| match v {
-                Val::Tensor(t) => BinVal::Tensor(tensors.of(t)),
+                Val::Tensor(t) => BinVal::Tensor(tensor(t)),
                 Val::Tuple(ts) => BinVal::Tuple(
                     ts.iter()
-                        .map(|t| t.as_ref().map(|t| tensors.of(t)))
+                        .map(|t| t.as_ref().map(&mut tensor))
                         .collect(),
                 ),
                 Val::Sym(s) => BinVal::Sym(s.clone()),
