@@ -144,11 +144,9 @@ fn encode_graph<'g>(g: &'g Graph) -> BinGraph {
                 .collect(),
             val: n.meta.val.as_ref().map(|v| match v {
                 Val::Tensor(t) => BinVal::Tensor(tensor(t)),
-                Val::Tuple(ts) => BinVal::Tuple(
-                    ts.iter()
-                        .map(|t| t.as_ref().map(&mut tensor))
-                        .collect(),
-                ),
+                Val::Tuple(ts) => {
+                    BinVal::Tuple(ts.iter().map(|t| t.as_ref().map(&mut tensor)).collect())
+                }
                 Val::Sym(s) => BinVal::Sym(s.clone()),
                 Val::Int(i) => BinVal::Int(*i),
                 Val::Float(x) => BinVal::Float(*x),

@@ -87,6 +87,7 @@ fn find(p: &Program, opts: &ScheduleOptions) -> Vec<Candidate> {
         .enumerate()
         .filter(|(_, g)| g.kind == GraphKind::Backward)
     {
+        let params = ops::ParamIndex::new(b);
         for (&param, t) in &touched[bi] {
             let Some((pos_b, gather)) = t.first_gather else {
                 continue;
@@ -105,7 +106,7 @@ fn find(p: &Program, opts: &ScheduleOptions) -> Vec<Candidate> {
             if f.kind != GraphKind::Forward {
                 continue;
             }
-            let Some(bytes) = ops::gathered_bytes(b, gather, opts.world_size) else {
+            let Some(bytes) = params.gathered_bytes(b, gather, opts.world_size) else {
                 continue;
             };
             let after_f = &prefixes[fi];

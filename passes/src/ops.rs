@@ -125,11 +125,16 @@ impl ParamIndex {
         ParamIndex(at)
     }
 
+    /// The index in `g.params` of the parameter `placeholder` carries.
+    pub fn position(&self, placeholder: NodeId) -> Option<usize> {
+        self.0.get(placeholder).copied().flatten()
+    }
+
     /// [`gathered_bytes`], for a gather of `g`.
     pub fn gathered_bytes(&self, g: &Graph, gather: NodeId, world_size: u32) -> Option<u64> {
         let n = g.node(gather);
         let shard = *n.args.first()?.as_node()?;
-        let p = g.params.get(self.0.get(shard).copied().flatten()?)?;
+        let p = g.params.get(self.position(shard)?)?;
         bytes_of(p, n, world_size)
     }
 }

@@ -90,6 +90,7 @@ pub(super) fn parse(n: &Node) -> Option<(NodeId, Shape)> {
 /// The gathers of one parameter, if the stage can account for all of them.
 fn segments(
     g: &Graph,
+    params: &ops::ParamIndex,
     aliases: &Aliases,
     gathers: &[NodeId],
     pos: &SideTable<usize>,
@@ -99,7 +100,7 @@ fn segments(
     for &gather in gathers {
         let n = g.node(gather);
         let shard = *n.args.first()?.as_node()?;
-        let param = g.param_of(shard)?;
+        let param = g.params.get(params.position(shard)?)?;
         if ops::bucket(n).is_some() {
             return None;
         }
@@ -198,12 +199,13 @@ pub(super) fn scope(g: &Graph) -> Scope {
             }
         }
     }
+    let index = ops::ParamIndex::new(g);
     let params = by_param
         .into_iter()
         .filter_map(|(name, gathers)| {
-            let found = segments(g, &aliases, &gathers, &pos, output)?;
+            let found = segments(g, &index, &aliases, &gathers, &pos, output)?;
             let shard = found.first()?.shard;
-            let param = g.params.iter().position(|p| p.node == shard)?;
+            let param = index.position(shard)?;
             Some((name.to_owned(), param, found))
         })
         .collect();
