@@ -221,3 +221,52 @@ fn fast_path_agrees_on_error_fixtures() {
     }
     assert!(seen > 0);
 }
+
+/// Distinct tensor metadata addresses over the tensors of every node, and distinct values.
+fn tensor_sharing(p: &zerosched_ir::Program) -> (usize, usize, usize) {
+    use std::collections::HashSet;
+    use zerosched_ir::Val;
+    let (mut tensors, mut addrs, mut values) = (0, HashSet::new(), HashSet::new());
+    for g in &p.graphs {
+        for (_, n) in g.nodes() {
+            let shared = match &n.meta.val {
+                Some(Val::Tensor(t)) => vec![t],
+                Some(Val::Tuple(ts)) => ts.iter().flatten().collect(),
+                _ => vec![],
+            };
+            for t in shared {
+                tensors += 1;
+                addrs.insert(std::sync::Arc::as_ptr(t));
+                values.insert(&**t);
+            }
+        }
+    }
+    (tensors, addrs.len(), values.len())
+}
+
+/// Both importers hand out one copy of each tensor metadata instead of one per node: the JSON
+/// importer per distinct `meta` text of a graph, the binary importer per distinct value of a
+/// graph. Memory per node and the cost of cloning a graph depend on it.
+#[test]
+fn importers_share_tensor_metadata_between_nodes() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/llama.program.json"
+    );
+    let bytes = std::fs::read(path).unwrap();
+    let from_json = json::import(&bytes).unwrap();
+    let (tensors, addrs, values) = tensor_sharing(&from_json);
+    assert!(
+        addrs * 3 < tensors,
+        "{addrs} copies for {tensors} tensors ({values} distinct)"
+    );
+    let from_binary = binary::import(&binary::export(&from_json)).unwrap();
+    let graphs = from_binary.graphs.len();
+    let (tensors_b, addrs_b, values_b) = tensor_sharing(&from_binary);
+    assert_eq!((tensors_b, values_b), (tensors, values));
+    // One copy per distinct value in each graph: at most one per graph for each value.
+    assert!(
+        addrs_b >= values && addrs_b <= values * graphs,
+        "{addrs_b} copies, {values} values"
+    );
+}
