@@ -2,8 +2,9 @@
 //!
 //! Nodes go into their [`Graph`] as they are read, and each `{"node": name}` resolves on the
 //! spot against the nodes read so far (a valid reference always names an earlier node), so no
-//! intermediate document, name table or second copy of any node is built. `meta.val` is read
-//! by typed visitors, not into a `serde_json::Value`.
+//! intermediate document, name table or second copy of any node is built. A node's `meta` is
+//! looked up by its text among those the graph has already read ([`Metas`]), and only a new
+//! one is read, by typed visitors, not into a `serde_json::Value`.
 //!
 //! The fast path only ever accepts: anything it does not like — a problem the careful path
 //! would report, but also merely unusual spellings such as a repeated key — makes it give up
