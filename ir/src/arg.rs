@@ -5,17 +5,14 @@
 //! all three keeps the encodings from drifting apart.
 
 use crate::{Dtype, SymInt};
-use bincode::de::{BorrowDecoder, Decoder};
-use bincode::error::{AllowedEnumVariants, DecodeError};
-use bincode::{BorrowDecode, Decode, Encode};
-use std::cell::Cell;
+use bincode::Encode;
 
 /// The deepest ARG either encoding accepts, in JSON nesting levels ([`Arg::depth`]). Well
 /// inside serde_json's recursion limit even in a bundle, so that whatever one encoding accepts
 /// the other can carry; and it bounds every recursive walk over an ARG.
 pub const MAX_DEPTH: usize = 64;
 
-/// `Decode` is written out (see the impl below) to bound nesting; the wire format is exactly
+/// `Decode` is written out (in `binary::arg`) to bound nesting; the wire format is exactly
 /// what `#[derive(Decode)]` reads: a `u32` variant index in declaration order, then the fields.
 #[derive(Clone, Debug, Encode)]
 pub enum Arg<R> {
@@ -171,101 +168,5 @@ impl<R> Arg<R> {
             Arg::List(items) => Some(items),
             _ => None,
         }
-    }
-}
-
-thread_local! {
-    /// Containers (lists and slices, in JSON levels) around the ARG being decoded.
-    static DECODE_NESTING: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Entered around the decoding of a container's items; restores the count when dropped, on
-/// errors too.
-struct Nesting(usize);
-
-impl Nesting {
-    fn enter(levels: usize) -> Result<Nesting, DecodeError> {
-        let outer = DECODE_NESTING.get();
-        let inner = outer + levels;
-        // An item at `inner` containers has at least that JSON depth: refusing here refuses
-        // nothing within MAX_DEPTH, and keeps the recursion below bounded.
-        if inner > MAX_DEPTH {
-            return Err(DecodeError::OtherString(format!(
-                "ARG nested deeper than {MAX_DEPTH} levels"
-            )));
-        }
-        DECODE_NESTING.set(inner);
-        Ok(Nesting(outer))
-    }
-}
-
-impl Drop for Nesting {
-    fn drop(&mut self) {
-        DECODE_NESTING.set(self.0);
-    }
-}
-
-/// Reads one ARG as `#[derive(Decode)]` would, with `node` reading a reference; written out so
-/// that containers are counted ([`Nesting`]) and both `Decode` and `BorrowDecode` share it.
-pub(crate) fn decode_arg<D: Decoder, R>(
-    d: &mut D,
-    node: &mut impl FnMut(&mut D) -> Result<R, DecodeError>,
-) -> Result<Arg<R>, DecodeError> {
-    let variant = <u32 as Decode<D::Context>>::decode(d)?;
-    Ok(match variant {
-        0 => Arg::None,
-        1 => Arg::Bool(Decode::decode(d)?),
-        2 => Arg::Int(Decode::decode(d)?),
-        3 => Arg::Float(Decode::decode(d)?),
-        4 => Arg::Str(Decode::decode(d)?),
-        5 => Arg::Node(node(d)?),
-        6 => {
-            let _n = Nesting::enter(1)?;
-            // A `Vec` as bincode writes it: a u64 length, then the items; the claim keeps a
-            // hostile length from allocating more than the decode limit.
-            let len = <u64 as Decode<D::Context>>::decode(d)?;
-            let len = usize::try_from(len).map_err(|_| DecodeError::OutsideUsizeRange(len))?;
-            d.claim_container_read::<Arg<R>>(len)?;
-            let mut items = Vec::with_capacity(len);
-            for _ in 0..len {
-                d.unclaim_bytes_read(std::mem::size_of::<Arg<R>>());
-                items.push(decode_arg(d, node)?);
-            }
-            Arg::List(items)
-        }
-        7 => Arg::Dtype(Decode::decode(d)?),
-        8 => Arg::Device(Decode::decode(d)?),
-        9 => Arg::Layout(Decode::decode(d)?),
-        10 => Arg::MemoryFormat(Decode::decode(d)?),
-        11 => {
-            let _n = Nesting::enter(2)?;
-            let a = decode_arg(d, node)?;
-            let b = decode_arg(d, node)?;
-            let c = decode_arg(d, node)?;
-            Arg::Slice(Box::new([a, b, c]))
-        }
-        12 => Arg::Sym(Decode::decode(d)?),
-        13 => Arg::Repr(Decode::decode(d)?),
-        found => {
-            return Err(DecodeError::UnexpectedVariant {
-                type_name: "Arg",
-                allowed: &AllowedEnumVariants::Range { min: 0, max: 13 },
-                found,
-            });
-        }
-    })
-}
-
-impl<Context, R: Decode<Context>> Decode<Context> for Arg<R> {
-    fn decode<D: Decoder<Context = Context>>(d: &mut D) -> Result<Self, DecodeError> {
-        decode_arg(d, &mut |d| R::decode(d))
-    }
-}
-
-impl<'de, Context, R: BorrowDecode<'de, Context>> BorrowDecode<'de, Context> for Arg<R> {
-    fn borrow_decode<D: BorrowDecoder<'de, Context = Context>>(
-        d: &mut D,
-    ) -> Result<Self, DecodeError> {
-        decode_arg(d, &mut |d| R::borrow_decode(d))
     }
 }

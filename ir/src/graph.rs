@@ -128,9 +128,12 @@ impl Graph {
                 name: node.name.into(),
             });
         }
+        // One walk over the arguments both checks each producer and collects the distinct
+        // ones, in the order the arguments first name them, for the edges.
+        let mut producers = Distinct::default();
         let mut bad = None;
-        node.for_each_ref(|r| {
-            if bad.is_none() && !self.dag.contains_node(*r) {
+        node.for_each_ref(|&r| {
+            if producers.fresh(r) && bad.is_none() && !self.dag.contains_node(r) {
                 bad = Some(r.index());
             }
         });
@@ -139,24 +142,9 @@ impl Graph {
         }
         let id = self.dag.add_node(node);
         self.names.insert(hash, id, &self.dag);
-        // Edges from the node's own arguments, without collecting them first: lend the
-        // arguments out of the graph while the edges go in.
-        let args = std::mem::take(&mut self.dag[id].args);
-        let kwargs = std::mem::take(&mut self.dag[id].kwargs);
-        let dag = &mut self.dag;
-        Distinct::default().each(
-            |f| {
-                for a in args.iter().chain(kwargs.values()) {
-                    a.for_each_ref(&mut |r| f(*r));
-                }
-            },
-            |p| {
-                dag.add_edge(p, id, ());
-            },
-        );
-        let node = &mut self.dag[id];
-        node.args = args;
-        node.kwargs = kwargs;
+        for &p in producers.as_slice() {
+            self.dag.add_edge(p, id, ());
+        }
         Ok(id)
     }
 
@@ -418,20 +406,26 @@ impl Graph {
 }
 
 /// Stable de-duplication of references: a linear scan of a stack buffer for the usual
-/// handful, a set for the output node and other nodes with hundreds of arguments.
+/// handful, a set for the output node and other nodes with hundreds of arguments. Keeps the
+/// distinct references in order of first occurrence.
 #[derive(Default)]
 struct Distinct {
     few: [NodeId; Distinct::FEW],
     len: usize,
-    many: Option<hashbrown::HashSet<NodeId>>,
+    many: Option<(hashbrown::HashSet<NodeId>, Vec<NodeId>)>,
 }
 
 impl Distinct {
     const FEW: usize = 16;
 
+    /// Records `r`; whether it is new.
     fn fresh(&mut self, r: NodeId) -> bool {
-        if let Some(set) = &mut self.many {
-            return set.insert(r);
+        if let Some((set, order)) = &mut self.many {
+            let new = set.insert(r);
+            if new {
+                order.push(r);
+            }
+            return new;
         }
         if self.few[..self.len].contains(&r) {
             return false;
@@ -440,11 +434,19 @@ impl Distinct {
             self.few[self.len] = r;
             self.len += 1;
         } else {
-            let mut set: hashbrown::HashSet<NodeId> = self.few.iter().copied().collect();
-            set.insert(r);
-            self.many = Some(set);
+            let mut order = self.few.to_vec();
+            order.push(r);
+            self.many = Some((order.iter().copied().collect(), order));
         }
         true
+    }
+
+    /// The distinct references so far, in order of first occurrence.
+    fn as_slice(&self) -> &[NodeId] {
+        match &self.many {
+            Some((_, order)) => order,
+            None => &self.few[..self.len],
+        }
     }
 
     /// Feeds the references that `refs` produces through the filter, calling `f` on each

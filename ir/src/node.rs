@@ -14,6 +14,9 @@ pub enum Op {
 }
 
 impl Op {
+    /// Every op kind, in declaration order (the binary form's variant order).
+    pub const ALL: [Op; 4] = [Op::Placeholder, Op::GetAttr, Op::CallFunction, Op::Output];
+
     pub fn name(self) -> &'static str {
         match self {
             Op::Placeholder => "placeholder",

@@ -47,6 +47,11 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
     let mut outputs = 0usize;
     let mut forward_refs = false;
     let mut refs: Vec<NodeId> = Vec::new();
+    // Output nodes met so far: a reference to an earlier node is checked against these
+    // instead of reading the node it names.
+    let mut earlier_outputs: Vec<NodeId> = Vec::new();
+    // Tensors already found sound: nodes share them, so each is checked once.
+    let mut sound: hashbrown::HashSet<*const crate::TensorMeta> = hashbrown::HashSet::new();
     for (here, (id, n)) in g.nodes().enumerate() {
         if n.op == Op::Output {
             outputs += 1;
@@ -66,51 +71,71 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
             ),
         };
         for (fi, a) in n.args.iter().chain(n.kwargs.values()).enumerate() {
-            let depth = a.depth();
-            if depth > crate::arg::MAX_DEPTH {
-                d.push(
-                    Location::field(label, &n.name, field_of(fi)),
-                    Problem::BadValue {
-                        message: format!(
-                            "ARG nested {depth} levels deep; at most {} are allowed",
-                            crate::arg::MAX_DEPTH
-                        ),
-                    },
-                );
-            }
             refs.clear();
-            a.for_each_ref(&mut |r| refs.push(*r));
-            for &r in &refs {
-                let target = g.node(r);
-                if target.op == Op::Output {
+            // A lone reference or scalar, the usual argument, is as shallow as can be.
+            if !matches!(a, crate::Arg::List(_) | crate::Arg::Slice(_)) {
+                a.for_each_ref(&mut |r| refs.push(*r));
+            } else {
+                let depth = a.depth();
+                if depth > crate::arg::MAX_DEPTH {
                     d.push(
                         Location::field(label, &n.name, field_of(fi)),
-                        Problem::RefToOutput {
-                            target: target.name.to_string(),
+                        Problem::BadValue {
+                            message: format!(
+                                "ARG nested {depth} levels deep; at most {} are allowed",
+                                crate::arg::MAX_DEPTH
+                            ),
                         },
                     );
                 }
-                if pos[r] >= here {
+                a.for_each_ref(&mut |r| refs.push(*r));
+            }
+            for &r in &refs {
+                let later = pos[r] >= here;
+                let to_output = if later {
+                    g.node(r).op == Op::Output
+                } else {
+                    earlier_outputs.contains(&r)
+                };
+                if to_output {
+                    d.push(
+                        Location::field(label, &n.name, field_of(fi)),
+                        Problem::RefToOutput {
+                            target: g.node(r).name.to_string(),
+                        },
+                    );
+                }
+                if later {
                     forward_refs = true;
                     d.push(
                         Location::field(label, &n.name, field_of(fi)),
                         Problem::LaterRef {
-                            target: target.name.to_string(),
+                            target: g.node(r).name.to_string(),
                         },
                     );
                 }
             }
         }
         if let Some(v) = &n.meta.val {
-            check_dims(v, &mut |f, p| {
-                d.push(Location::field(label, &n.name, format!("meta.val{f}")), p)
-            });
-        }
-        if n.meta.val.as_ref().is_some_and(|v| v.nbytes().is_none()) {
-            d.push(
-                Location::field(label, &n.name, "meta.val"),
-                Problem::SizeOverflow,
-            );
+            let shared = match v {
+                Val::Tensor(t) => Some(std::sync::Arc::as_ptr(t)),
+                _ => None,
+            };
+            if shared.is_none_or(|t| !sound.contains(&t)) {
+                let before = d.0.len();
+                check_dims(v, &mut |f, p| {
+                    d.push(Location::field(label, &n.name, format!("meta.val{f}")), p)
+                });
+                if v.nbytes().is_none() {
+                    d.push(
+                        Location::field(label, &n.name, "meta.val"),
+                        Problem::SizeOverflow,
+                    );
+                }
+                if let Some(t) = shared.filter(|_| d.0.len() == before) {
+                    sound.insert(t);
+                }
+            }
         }
         for (field, idx) in [
             ("meta.aliases", &n.meta.aliases),
@@ -127,6 +152,9 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
                     );
                 }
             }
+        }
+        if n.op == Op::Output {
+            earlier_outputs.push(id);
         }
         debug_assert_eq!(pos[id], here);
     }

@@ -8,9 +8,7 @@ use crate::{
     Arg, Diagnostics, Form, Grad, Graph, GraphKind, ImportError, Location, Meta, Node, NodeId, Op,
     Param, Problem, Program, Str, SymInt, TensorMeta, Val,
 };
-use bincode::de::{BorrowDecoder, Decoder};
-use bincode::error::DecodeError;
-use bincode::{BorrowDecode, Decode, Encode};
+use bincode::{Decode, Encode};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -20,6 +18,10 @@ pub const MAGIC: &[u8; 8] = b"ZSGRAPH\x89";
 pub const VERSION: u16 = 3;
 /// Upper bound on what a decode may claim, far above any real training step.
 const LIMIT: usize = 1 << 30;
+
+mod arg;
+mod fast;
+mod wire;
 
 pub fn has_magic(bytes: &[u8]) -> bool {
     bytes.starts_with(MAGIC)
@@ -170,15 +172,11 @@ fn encode_graph<'g>(g: &'g Graph) -> BinGraph {
 
 pub fn import(bytes: &[u8]) -> Result<Program, ImportError> {
     let payload = payload(bytes)?;
-    // The fast path decodes straight into the IR and gives up on any problem; the careful
+    // The fast path reads straight into the IR and gives up on any problem; the careful
     // path then decodes again and reports it as it always has.
-    if let Ok((FastProgram(program), used)) =
-        bincode::borrow_decode_from_slice_with_context(payload, config(), payload.len())
-    {
-        if used == payload.len() {
-            crate::verify::program(&program)?;
-            return Ok(program);
-        }
+    if let Some(program) = fast::program(payload) {
+        crate::verify::program(&program)?;
+        return Ok(program);
     }
     careful(payload)
 }
@@ -379,145 +377,6 @@ fn lookup<T: Clone>(table: &[T], name: &'static str, i: u32) -> Result<T, Proble
             index: i,
             len: table.len(),
         })
-}
-
-/// The fast path's program: [`BinProgram`] as `#[derive(Decode)]` reads it (the same bytes,
-/// the same claims against the decode limit, so it fails wherever that fails), each node
-/// going into its graph as it is read, references checked and converted on the way. Any
-/// problem, a bad reference or a repeated name included, is a decode error: the careful path
-/// then names it. The context is the payload's length, which bounds what is reserved.
-struct FastProgram(Program);
-
-/// The fewest bytes a node takes: its name's length, op, target index, two lengths and four
-/// `Option` tags.
-const MIN_NODE_BYTES: usize = 9;
-
-// The fast path claims `Arg<u32>`s where it builds `Arg<NodeId>`s: the same size, so the
-// same limit.
-const _: () = assert!(std::mem::size_of::<Arg<u32>>() == std::mem::size_of::<Arg<NodeId>>());
-
-fn give_up() -> DecodeError {
-    DecodeError::Other("the fast path gives up")
-}
-
-fn decode_len<D: Decoder>(d: &mut D) -> Result<usize, DecodeError> {
-    let len = u64::decode(d)?;
-    usize::try_from(len).map_err(|_| DecodeError::OutsideUsizeRange(len))
-}
-
-impl<'de> BorrowDecode<'de, usize> for FastProgram {
-    fn borrow_decode<D: BorrowDecoder<'de, Context = usize>>(
-        d: &mut D,
-    ) -> Result<Self, DecodeError> {
-        let bundle = bool::decode(d)?;
-        let len = decode_len(d)?;
-        d.claim_container_read::<BinGraph>(len)?;
-        let mut graphs = Vec::with_capacity(len.min(*d.context()));
-        for _ in 0..len {
-            d.unclaim_bytes_read(std::mem::size_of::<BinGraph>());
-            graphs.push(decode_graph_fast(d)?);
-        }
-        let form = if bundle { Form::Bundle } else { Form::Graph };
-        Ok(FastProgram(Program { graphs, form }))
-    }
-}
-
-/// A `String` as bincode writes it, copied out of the input: at most one exact allocation
-/// (none for a short [`crate::Str`]), where `String::decode` zeroes a buffer first. Same claim
-/// against the limit.
-fn string<'de, D: BorrowDecoder<'de>, S: From<&'de str>>(d: &mut D) -> Result<S, DecodeError> {
-    Ok(S::from(<&str>::borrow_decode(d)?))
-}
-
-/// An `Option` tag as bincode writes it.
-fn is_some<D: Decoder>(d: &mut D) -> Result<bool, DecodeError> {
-    Ok(Option::<()>::decode(d)?.is_some())
-}
-
-fn decode_graph_fast<'de, D: BorrowDecoder<'de, Context = usize>>(
-    d: &mut D,
-) -> Result<Graph, DecodeError> {
-    let name = if is_some(d)? { Some(string(d)?) } else { None };
-    let kind = GraphKind::decode(d)?;
-    let targets = Vec::<Str>::borrow_decode(d)?;
-    let tensors = shared(Vec::<TensorMeta>::borrow_decode(d)?);
-    let tables = Tables {
-        targets: &targets,
-        tensors: &tensors,
-    };
-    let mut g = Graph::new(name, kind);
-    let len = decode_len(d)?;
-    d.claim_container_read::<BinNode>(len)?;
-    g.reserve(len.min(*d.context() / MIN_NODE_BYTES), 0);
-    for pos in 0..len {
-        d.unclaim_bytes_read(std::mem::size_of::<BinNode>());
-        let node = decode_node(d, pos, &tables)?;
-        g.push(node).map_err(|_| give_up())?;
-    }
-    let params = Vec::<Param<u32>>::decode(d)?;
-    g.params.reserve_exact(params.len());
-    for p in params {
-        if p.node as usize >= len {
-            return Err(give_up());
-        }
-        let node = NodeId::new(p.node as usize);
-        g.params.push(p.with_node(node));
-    }
-    g.grads = Vec::<Grad>::decode(d)?;
-    Ok(g)
-}
-
-/// Node `pos` of its graph, as [`BinNode`] decodes, with references to earlier nodes only
-/// and its target and tensors taken from the graph's tables.
-fn decode_node<'de, D: BorrowDecoder<'de>>(
-    d: &mut D,
-    pos: usize,
-    tables: &Tables,
-) -> Result<Node, DecodeError> {
-    let mut node_ref = |d: &mut D| {
-        let r = u32::decode(d)? as usize;
-        if r < pos {
-            Ok(NodeId::new(r))
-        } else {
-            Err(give_up())
-        }
-    };
-    let name = string(d)?;
-    let op = Op::decode(d)?;
-    let target = tables.target(u32::decode(d)?).map_err(|_| give_up())?;
-    let len = decode_len(d)?;
-    d.claim_container_read::<Arg<u32>>(len)?;
-    let mut args = Vec::with_capacity(len);
-    for _ in 0..len {
-        d.unclaim_bytes_read(std::mem::size_of::<Arg<u32>>());
-        args.push(crate::arg::decode_arg(d, &mut node_ref)?);
-    }
-    let len = decode_len(d)?;
-    d.claim_container_read::<(Str, Arg<u32>)>(len)?;
-    let mut kwargs = BTreeMap::new();
-    for _ in 0..len {
-        d.unclaim_bytes_read(std::mem::size_of::<(Str, Arg<u32>)>());
-        let key = string(d)?;
-        let value = crate::arg::decode_arg(d, &mut node_ref)?;
-        kwargs.insert(key, value);
-    }
-    let val = match Option::<BinVal>::decode(d)? {
-        Some(v) => Some(tables.val(&v).map_err(|_| give_up())?),
-        None => None,
-    };
-    Ok(Node {
-        name,
-        op,
-        target,
-        args,
-        kwargs,
-        meta: Box::new(Meta {
-            val,
-            aliases: Decode::decode(d)?,
-            mutates: Decode::decode(d)?,
-            device_time_ms: Decode::decode(d)?,
-        }),
-    })
 }
 
 #[cfg(test)]
