@@ -3,14 +3,22 @@
 //! between passes.
 
 use crate::{Diagnostics, Graph, Location, NodeId, Op, Problem, Program, Val};
+use rayon::prelude::*;
 use std::collections::HashMap;
 
 /// Verifies every graph of a program and that graphs agree on shared parameters.
 pub fn program(p: &Program) -> Result<(), Diagnostics> {
-    let mut d = Diagnostics::default();
-    for g in &p.graphs {
-        check_graph(g, &mut d);
-    }
+    // One task per graph; problems in graph order whichever finishes first.
+    let found: Vec<Diagnostics> = p
+        .graphs
+        .par_iter()
+        .map(|g| {
+            let mut d = Diagnostics::default();
+            check_graph(g, &mut d);
+            d
+        })
+        .collect();
+    let mut d = Diagnostics(found.into_iter().flat_map(|d| d.0).collect());
     for (name, places) in p.params_by_name() {
         let Some(&(g0, p0)) = places.first() else {
             continue;

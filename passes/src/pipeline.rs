@@ -6,8 +6,9 @@
 use crate::insert::{InsertReport, insert};
 use crate::keep::{KeepReport, keep_across};
 use crate::schedule::{ScheduleError, ScheduleOptions, ScheduleReport, by_name};
+use rayon::prelude::*;
 use std::collections::BTreeSet;
-use zerosched_ir::{Diagnostics, Problem, Program};
+use zerosched_ir::{Diagnostics, Graph, Problem, Program};
 
 /// What holds of a program after a pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -134,11 +135,13 @@ impl Pass for Insert {
     fn run(&self, p: &mut Program, _: &PipelineOptions, cx: &mut Context) -> Result<(), PassError> {
         // Persistence is a property of the parameter, whichever graph declares it.
         let persistent = p.persistent();
-        for (i, g) in p.graphs.iter_mut().enumerate() {
-            let report = insert(g, &persistent).map_err(|problem| PassError::Graph {
+        let reports = each_graph(p, |g| {
+            insert(g, &persistent).map_err(|problem| PassError::Graph {
                 graph: g.label().to_owned(),
                 problem,
-            })?;
+            })
+        })?;
+        for (i, (g, report)) in p.graphs.iter().zip(reports).enumerate() {
             graph_report(cx, i, g.label()).insert = report;
         }
         Ok(())
@@ -166,11 +169,13 @@ impl Pass for Rewrite {
             world_size: opts.schedule.world_size,
             ..crate::rewrite::RewriteOptions::default()
         };
-        for (i, g) in p.graphs.iter_mut().enumerate() {
-            let report = crate::rewrite::rewrite(g, &ro).map_err(|e| PassError::Rewrite {
+        let reports = each_graph(p, |g| {
+            crate::rewrite::rewrite(g, &ro).map_err(|e| PassError::Rewrite {
                 graph: g.label().to_owned(),
                 message: e.to_string(),
-            })?;
+            })
+        })?;
+        for (i, (g, report)) in p.graphs.iter().zip(reports).enumerate() {
             graph_report(cx, i, g.label()).rewrite = report;
         }
         Ok(())
@@ -195,7 +200,7 @@ impl Pass for Schedule {
     ) -> Result<(), PassError> {
         let scheduler = by_name(&opts.scheduler)
             .ok_or_else(|| PassError::UnknownScheduler(opts.scheduler.clone()))?;
-        for (i, g) in p.graphs.iter_mut().enumerate() {
+        let reports = each_graph(p, |g| {
             let report = scheduler.schedule(g, &opts.schedule)?;
             // A scheduler that does not plan for memory (deepcompile) may overrun the budget;
             // that is an error whether or not the checker runs.
@@ -207,6 +212,9 @@ impl Pass for Schedule {
                     budget: opts.schedule.budget,
                 });
             }
+            Ok(report)
+        })?;
+        for (i, (g, report)) in p.graphs.iter().zip(reports).enumerate() {
             graph_report(cx, i, g.label()).schedule = report;
         }
         Ok(())
@@ -232,6 +240,17 @@ impl Pass for Keep {
         cx.keep = keep_across(p, &opts.schedule);
         Ok(())
     }
+}
+
+/// Runs `f` on every graph of a program at once, one task per graph. Results come in graph
+/// order, and of several failures the first graph's, so the outcome never depends on which
+/// task finished first.
+fn each_graph<R: Send>(
+    p: &mut Program,
+    f: impl Fn(&mut Graph) -> Result<R, PassError> + Send + Sync,
+) -> Result<Vec<R>, PassError> {
+    let results: Vec<Result<R, PassError>> = p.graphs.par_iter_mut().map(f).collect();
+    results.into_iter().collect()
 }
 
 fn graph_report<'a>(cx: &'a mut Context, i: usize, name: &str) -> &'a mut GraphReport {

@@ -1,5 +1,6 @@
-//! The fast path: [`super::BinProgram`]'s bytes read by [`Wire`] straight into the IR, each
-//! node going into its graph as it is read, references checked and converted on the way.
+//! The fast path: [`super::BinProgram`]'s bytes read by [`Wire`] straight into the IR, one
+//! task per graph section, each node going into its graph as it is read, references checked
+//! and converted on the way.
 //!
 //! Any problem, a bad reference or a repeated name included, is `None`: the careful path then
 //! decodes again and names it. The fast path reads exactly what bincode's derived code reads,
@@ -7,11 +8,12 @@
 
 use super::arg;
 use super::wire::Wire;
-use super::{BinGraph, BinNode, Tables, shared};
+use super::{BinNode, Tables, shared};
 use crate::{
     Arg, Form, Grad, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program, Str, SymInt,
     TensorMeta, Val,
 };
+use rayon::prelude::*;
 use std::collections::BTreeMap;
 
 /// The fewest bytes a node takes: its name's length, op, target index, two lengths and four
@@ -27,19 +29,28 @@ pub(super) fn program(payload: &[u8]) -> Option<Program> {
     let mut w = Wire::new(payload);
     let bundle = w.bool()?;
     let len = w.len()?;
-    w.claim_items::<BinGraph>(len)?;
-    let mut graphs = Vec::with_capacity(len.min(w.remaining()));
+    w.claim_items::<Vec<u8>>(len)?;
+    let mut sections = Vec::with_capacity(len.min(w.remaining()));
     for _ in 0..len {
-        w.unclaim_item::<BinGraph>();
-        graphs.push(graph(&mut w)?);
+        w.unclaim_item::<Vec<u8>>();
+        sections.push(w.section()?);
     }
     if w.remaining() != 0 {
         return None;
     }
+    // One task per graph; each section is decoded as bincode decodes it, on its own.
+    let graphs = sections
+        .into_par_iter()
+        .map(|section| {
+            let mut w = Wire::new(section);
+            graph(&mut w).filter(|_| w.remaining() == 0)
+        })
+        .collect::<Option<Vec<Graph>>>()?;
     let form = if bundle { Form::Bundle } else { Form::Graph };
     Some(Program { graphs, form })
 }
 
+/// One section: a [`BinGraph`].
 fn graph(w: &mut Wire) -> Option<Graph> {
     let name = if w.is_some()? {
         Some(w.str()?.to_owned())

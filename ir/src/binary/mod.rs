@@ -1,4 +1,6 @@
 //! The compact binary form: an 8-byte magic, a format version, then the program in bincode.
+//! Each graph is a section of its own, its length in front, so that a reader decodes the
+//! graphs of a program at once, one task each.
 //!
 //! Node references are program positions, so reading needs no name lookups; every position is
 //! still checked before a graph is built, and decoding is bounded in memory, so a corrupt or
@@ -9,13 +11,14 @@ use crate::{
     Param, Problem, Program, Str, SymInt, TensorMeta, Val,
 };
 use bincode::{Decode, Encode};
+use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// `ZSGRAPH` and a byte that no text encoding of JSON starts with.
 pub const MAGIC: &[u8; 8] = b"ZSGRAPH\x89";
 /// Bumped on any change to the encoded structures.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 /// Upper bound on what a decode may claim, far above any real training step.
 const LIMIT: usize = 1 << 30;
 
@@ -30,7 +33,9 @@ pub fn has_magic(bytes: &[u8]) -> bool {
 #[derive(Encode, Decode)]
 struct BinProgram {
     bundle: bool,
-    graphs: Vec<BinGraph>,
+    /// Each graph's [`BinGraph`], encoded on its own: decoding one claims against the decode
+    /// limit afresh.
+    graphs: Vec<Vec<u8>>,
 }
 
 /// A graph with its repeated parts stored once: each distinct target and each distinct tensor
@@ -78,7 +83,13 @@ fn config() -> impl bincode::config::Config {
 }
 
 pub fn export(program: &Program) -> Vec<u8> {
-    let graphs = program.graphs.iter().map(encode_graph).collect();
+    // Encoding plain owned data into a Vec has no failure path but the size limit, which a
+    // program held in memory cannot reach.
+    let graphs = program
+        .graphs
+        .par_iter()
+        .map(|g| bincode::encode_to_vec(encode_graph(g), config()).unwrap_or_default())
+        .collect();
     let doc = BinProgram {
         bundle: program.form == Form::Bundle,
         graphs,
@@ -88,8 +99,6 @@ pub fn export(program: &Program) -> Vec<u8> {
     let mut out = Vec::with_capacity(nodes.saturating_mul(48).max(1 << 12));
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
-    // Encoding plain owned data into a Vec has no failure path but the size limit, which a
-    // program held in memory cannot reach.
     let _ = bincode::encode_into_std_write(&doc, &mut out, config());
     out
 }
@@ -221,7 +230,18 @@ fn careful(payload: &[u8]) -> Result<Program, ImportError> {
     }
     let mut diags = Diagnostics::default();
     let mut graphs = Vec::with_capacity(doc.graphs.len());
-    for (i, g) in doc.graphs.into_iter().enumerate() {
+    for (i, section) in doc.graphs.iter().enumerate() {
+        let corrupt = |message: String| ImportError::Corrupt {
+            message: format!("graph {i}: {message}"),
+        };
+        let (g, used): (BinGraph, usize) =
+            bincode::decode_from_slice(section, config()).map_err(|e| corrupt(e.to_string()))?;
+        if used != section.len() {
+            return Err(corrupt(format!(
+                "{} trailing bytes after the graph",
+                section.len() - used
+            )));
+        }
         match decode_graph(g, i) {
             Ok(g) => graphs.push(g),
             Err(d) => diags.0.extend(d.0),
@@ -396,20 +416,21 @@ mod tests {
             mutates: None,
             device_time_ms: None,
         };
+        let graph = BinGraph {
+            name: Some("g".into()),
+            kind: GraphKind::Forward,
+            targets: vec![Str::from("x"), Str::from("output")],
+            tensors: vec![TensorMeta::new(vec![], crate::Dtype::Float32)],
+            nodes: vec![
+                node("x", Op::Placeholder, 0, vec![], Some(BinVal::Tensor(0))),
+                node("out", Op::Output, target, vec![Arg::Node(0)], val),
+            ],
+            params: vec![],
+            grads: vec![],
+        };
         let doc = BinProgram {
             bundle: false,
-            graphs: vec![BinGraph {
-                name: Some("g".into()),
-                kind: GraphKind::Forward,
-                targets: vec![Str::from("x"), Str::from("output")],
-                tensors: vec![TensorMeta::new(vec![], crate::Dtype::Float32)],
-                nodes: vec![
-                    node("x", Op::Placeholder, 0, vec![], Some(BinVal::Tensor(0))),
-                    node("out", Op::Output, target, vec![Arg::Node(0)], val),
-                ],
-                params: vec![],
-                grads: vec![],
-            }],
+            graphs: vec![bincode::encode_to_vec(&graph, config()).unwrap()],
         };
         let mut out = MAGIC.to_vec();
         out.extend_from_slice(&VERSION.to_le_bytes());
@@ -441,7 +462,8 @@ mod tests {
         let bin = export(&p);
         let (doc, _): (BinProgram, usize) =
             bincode::decode_from_slice(payload(&bin).unwrap(), config()).unwrap();
-        for (g, bg) in p.graphs.iter().zip(&doc.graphs) {
+        for (g, section) in p.graphs.iter().zip(&doc.graphs) {
+            let (bg, _): (BinGraph, usize) = bincode::decode_from_slice(section, config()).unwrap();
             let distinct: std::collections::HashSet<&str> =
                 g.nodes().map(|(_, n)| n.target.as_str()).collect();
             assert_eq!(bg.targets.len(), distinct.len());

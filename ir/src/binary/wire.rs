@@ -138,6 +138,13 @@ impl<'a> Wire<'a> {
         std::str::from_utf8(self.bytes(len)?).ok()
     }
 
+    /// A `Vec<u8>`, borrowed.
+    pub(super) fn section(&mut self) -> Option<&'a [u8]> {
+        let len = self.len()?;
+        self.claim(len)?;
+        self.bytes(len)
+    }
+
     /// A value that bincode reads itself: for the parts that occur once per graph or rarely,
     /// where its speed does not matter. Claims an upper bound of what bincode claimed.
     pub(super) fn decode<T: BorrowDecode<'a, ()>>(&mut self) -> Option<T> {

@@ -6,6 +6,7 @@
 //! same values with serde_json would give.
 
 use crate::{Arg, Dim, Form, Graph, Meta, Node, NodeId, Program, SideTable, TensorMeta, Val};
+use rayon::prelude::*;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -20,11 +21,26 @@ pub fn export(program: &Program) -> Vec<u8> {
         write_graph(&mut out, &program.graphs[0]);
     } else {
         out.extend_from_slice(b"{\"format\":\"fx-program\",\"version\":1,\"graphs\":[\n");
-        for (i, g) in program.graphs.iter().enumerate() {
-            if i > 0 {
+        if let Some((first, others)) = program.graphs.split_first() {
+            // The graphs are written at once, one task each, and joined in order.
+            let (_, others) = rayon::join(
+                || write_graph(&mut out, first),
+                || {
+                    others
+                        .par_iter()
+                        .map(|g| {
+                            let mut text =
+                                Vec::with_capacity(g.len().saturating_mul(BYTES_PER_NODE));
+                            write_graph(&mut text, g);
+                            text
+                        })
+                        .collect::<Vec<_>>()
+                },
+            );
+            for text in others {
                 out.extend_from_slice(b",\n");
+                out.extend_from_slice(&text);
             }
-            write_graph(&mut out, g);
         }
         out.extend_from_slice(b"\n]}");
     }

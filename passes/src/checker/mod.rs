@@ -16,6 +16,7 @@ mod violation;
 
 pub use violation::{Located, Violation, Violations};
 
+use rayon::prelude::*;
 use std::collections::BTreeSet;
 use zerosched_ir::{Graph, Location, NodeId, Program, SideTable};
 
@@ -61,12 +62,22 @@ pub fn check_graph(g: &Graph, opts: &CheckOptions) -> Result<CheckReport, Violat
 /// Checks every graph of a program; a parameter persistent in any graph is persistent in all.
 pub fn check_program(p: &Program, opts: &CheckOptions) -> Result<Vec<CheckReport>, Violations> {
     let persistent = p.persistent();
-    let mut out = Vec::new();
-    let reports = p
+    // One task per graph; violations in graph order whichever finishes first.
+    let checked: Vec<(CheckReport, Vec<Located>)> = p
         .graphs
-        .iter()
-        .map(|g| check_into(g, opts, &persistent, &mut out))
+        .par_iter()
+        .map(|g| {
+            let mut found = Vec::new();
+            let report = check_into(g, opts, &persistent, &mut found);
+            (report, found)
+        })
         .collect();
+    let mut out = Vec::new();
+    let mut reports = Vec::with_capacity(checked.len());
+    for (report, found) in checked {
+        reports.push(report);
+        out.extend(found);
+    }
     across::check(p, &mut out);
     if out.is_empty() {
         Ok(reports)

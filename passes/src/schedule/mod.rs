@@ -62,7 +62,7 @@ pub enum ScheduleError {
     Graph { graph: String, problem: Problem },
 }
 
-pub trait Scheduler {
+pub trait Scheduler: Sync {
     fn name(&self) -> &'static str;
     /// Reorders `g` (a graph after insertion) in place.
     fn schedule(
