@@ -49,24 +49,90 @@ pub fn graph(g: &Graph) -> Result<(), Diagnostics> {
     d.into_result()
 }
 
+/// Nodes a task of the per-node checks takes: a large graph's nodes are checked in ranges at
+/// once, and each range's problems join the others' in program order.
+const NODES_PER_TASK: usize = 4096;
+
 fn check_graph(g: &Graph, d: &mut Diagnostics) {
     let label = g.label();
     let pos = g.positions();
-    let mut outputs = 0usize;
+    // A reference is checked against these instead of reading the node it names.
+    let outputs: Vec<NodeId> = g
+        .nodes()
+        .filter(|(_, n)| n.op == Op::Output)
+        .map(|(id, _)| id)
+        .collect();
+    let checked: Vec<(Diagnostics, bool)> = g
+        .order()
+        .par_chunks(NODES_PER_TASK)
+        .enumerate()
+        .map(|(task, ids)| {
+            let mut found = Diagnostics::default();
+            let first = task * NODES_PER_TASK;
+            let forward = check_nodes(g, ids, first, &pos, &outputs, &mut found);
+            (found, forward)
+        })
+        .collect();
+    let mut forward_refs = false;
+    for (found, forward) in checked {
+        d.0.extend(found.0);
+        forward_refs |= forward;
+    }
+    if outputs.is_empty() {
+        d.push(Location::graph(label), Problem::NoOutput);
+    }
+    if forward_refs {
+        for scc in petgraph::algo::tarjan_scc(g.dag()) {
+            let cyclic = scc.len() > 1 || scc.first().is_some_and(|&n| g.dag().contains_edge(n, n));
+            if cyclic {
+                let mut members = scc;
+                members.sort_unstable_by_key(|&n| pos[n]);
+                for m in members {
+                    d.push(Location::node(label, &g.node(m).name), Problem::Cycle);
+                }
+            }
+        }
+    }
+    check_params(g, d);
+    let returned = g.output_values().len();
+    for (i, gr) in g.grads.iter().enumerate() {
+        if gr.output_index as usize >= returned {
+            d.push(
+                Location::graph_field(label, format!("grads[{i}].output_index")),
+                Problem::GradOutOfRange {
+                    index: i64::from(gr.output_index),
+                    len: returned,
+                },
+            );
+        }
+    }
+}
+
+/// The per-node checks of `ids`, the nodes at program positions from `first` on; whether any
+/// refers to a node at or after its own position.
+fn check_nodes(
+    g: &Graph,
+    ids: &[NodeId],
+    first: usize,
+    pos: &crate::SideTable<usize>,
+    outputs: &[NodeId],
+    d: &mut Diagnostics,
+) -> bool {
+    let label = g.label();
     let mut forward_refs = false;
     let mut refs: Vec<NodeId> = Vec::new();
-    // Output nodes met so far: a reference to an earlier node is checked against these
-    // instead of reading the node it names.
-    let mut earlier_outputs: Vec<NodeId> = Vec::new();
     // Tensors already found sound: nodes share them, so each is checked once.
     let mut sound: hashbrown::HashSet<*const crate::TensorMeta> = hashbrown::HashSet::new();
-    for (here, (id, n)) in g.nodes().enumerate() {
+    for (k, &id) in ids.iter().enumerate() {
+        let here = first + k;
+        let n = g.node(id);
         if n.op == Op::Output {
-            outputs += 1;
-            if outputs > 1 {
+            // The second output and every one after it.
+            let count = outputs.iter().position(|&o| o == id).map_or(0, |i| i + 1);
+            if count > 1 {
                 d.push(
                     Location::node(label, &n.name),
-                    Problem::ManyOutputs { count: outputs },
+                    Problem::ManyOutputs { count },
                 );
             }
         }
@@ -100,12 +166,7 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
             }
             for &r in &refs {
                 let later = pos[r] >= here;
-                let to_output = if later {
-                    g.node(r).op == Op::Output
-                } else {
-                    earlier_outputs.contains(&r)
-                };
-                if to_output {
+                if outputs.contains(&r) {
                     d.push(
                         Location::field(label, &n.name, field_of(fi)),
                         Problem::RefToOutput {
@@ -161,39 +222,9 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
                 }
             }
         }
-        if n.op == Op::Output {
-            earlier_outputs.push(id);
-        }
         debug_assert_eq!(pos[id], here);
     }
-    if outputs == 0 {
-        d.push(Location::graph(label), Problem::NoOutput);
-    }
-    if forward_refs {
-        for scc in petgraph::algo::tarjan_scc(g.dag()) {
-            let cyclic = scc.len() > 1 || scc.first().is_some_and(|&n| g.dag().contains_edge(n, n));
-            if cyclic {
-                let mut members = scc;
-                members.sort_unstable_by_key(|&n| pos[n]);
-                for m in members {
-                    d.push(Location::node(label, &g.node(m).name), Problem::Cycle);
-                }
-            }
-        }
-    }
-    check_params(g, d);
-    let returned = g.output_values().len();
-    for (i, gr) in g.grads.iter().enumerate() {
-        if gr.output_index as usize >= returned {
-            d.push(
-                Location::graph_field(label, format!("grads[{i}].output_index")),
-                Problem::GradOutOfRange {
-                    index: i64::from(gr.output_index),
-                    len: returned,
-                },
-            );
-        }
-    }
+    forward_refs
 }
 
 fn check_params(g: &Graph, d: &mut Diagnostics) {

@@ -62,31 +62,11 @@ fn unspellable_meta_is_dropped_entirely() {
     fixed_point(&doc);
 }
 
-/// The binary document of `p` (one graph), with the bytes that encode the ARG
-/// `Arg::Str(marker)` replaced and the graph section's length made to match.
+/// The binary document of `p`, with the bytes that encode the ARG `Arg::Str(marker)` replaced.
 fn splice_arg(p: &Program, marker: &str, replacement: &[u8]) -> Vec<u8> {
-    assert_eq!(p.graphs.len(), 1);
-    let bin = binary::export(p);
-    let config = bincode::config::standard();
-    // Magic, version, `bundle`, the graph count (one byte for one), then the section's length.
-    let head = binary::MAGIC.len() + 2 + 1 + 1;
-    let (len, used): (u64, usize) = bincode::decode_from_slice(&bin[head..], config).unwrap();
-    let section = &bin[head + used..];
-    assert_eq!(section.len() as u64, len, "one section, to the end");
-    // bincode standard: variant index 4 (Str), varint length, bytes.
-    let mut needle = vec![4u8, marker.len() as u8];
-    needle.extend_from_slice(marker.as_bytes());
-    let at = section
-        .windows(needle.len())
-        .position(|w| w == needle.as_slice())
-        .expect("the marker is in the document");
-    let mut spliced = section[..at].to_vec();
-    spliced.extend_from_slice(replacement);
-    spliced.extend_from_slice(&section[at + needle.len()..]);
-    let mut out = bin[..head].to_vec();
-    out.extend(bincode::encode_to_vec(spliced.len() as u64, config).unwrap());
-    out.extend(spliced);
-    out
+    let bin = binary::export_with_arg_bytes(p, marker, replacement);
+    assert_ne!(bin, binary::export(p), "the marker is in the document");
+    bin
 }
 
 fn chain_with_arg(arg: Arg<zerosched_ir::NodeId>) -> Program {

@@ -16,10 +16,6 @@ use crate::{
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 
-/// The fewest bytes a node takes: its name's length, op, target index, two lengths and four
-/// `Option` tags. Bounds what a claimed node count may reserve.
-const MIN_NODE_BYTES: usize = 9;
-
 // The fast path claims `Arg<u32>`s where it builds `Arg<NodeId>`s: the same size, so the
 // same limit.
 const _: () = assert!(std::mem::size_of::<Arg<u32>>() == std::mem::size_of::<Arg<NodeId>>());
@@ -28,62 +24,125 @@ const _: () = assert!(std::mem::size_of::<Arg<u32>>() == std::mem::size_of::<Arg
 pub(super) fn program(payload: &[u8]) -> Option<Program> {
     let mut w = Wire::new(payload);
     let bundle = w.bool()?;
-    let len = w.len()?;
-    w.claim_items::<Vec<u8>>(len)?;
-    let mut sections = Vec::with_capacity(len.min(w.remaining()));
-    for _ in 0..len {
-        w.unclaim_item::<Vec<u8>>();
-        sections.push(w.section()?);
-    }
+    let sections = list::<Vec<u8>, _>(&mut w, Wire::section)?;
     if w.remaining() != 0 {
         return None;
     }
-    // One task per graph; each section is decoded as bincode decodes it, on its own.
-    let graphs = sections
+    // Each graph's header first: the tables its chunks of nodes refer to.
+    let parts = sections
+        .into_iter()
+        .map(Parts::read)
+        .collect::<Option<Vec<_>>>()?;
+    // Then every chunk of every graph at once, each knowing the position of its first node.
+    let mut jobs = Vec::new();
+    for (gi, part) in parts.iter().enumerate() {
+        let mut first = 0usize;
+        for &chunk in &part.chunks {
+            jobs.push((gi, first, chunk));
+            first = first.checked_add(Wire::new(chunk).len()?)?;
+        }
+    }
+    let chunks = jobs
         .into_par_iter()
-        .map(|section| {
-            let mut w = Wire::new(section);
-            graph(&mut w).filter(|_| w.remaining() == 0)
+        .map(|(gi, first, chunk)| {
+            let mut w = Wire::new(chunk);
+            let nodes =
+                list_from::<BinNode, _>(&mut w, first, |w, pos| node(w, pos, &parts[gi].tables()))?;
+            (w.remaining() == 0).then_some((gi, nodes))
         })
+        .collect::<Option<Vec<_>>>()?;
+    // Then each graph from its chunks in order, one task per graph.
+    let mut by_graph: Vec<Vec<Vec<Node>>> = parts.iter().map(|_| Vec::new()).collect();
+    for (gi, nodes) in chunks {
+        by_graph.get_mut(gi)?.push(nodes);
+    }
+    let graphs = parts
+        .into_par_iter()
+        .zip(by_graph)
+        .map(|(part, chunks)| part.build(chunks))
         .collect::<Option<Vec<Graph>>>()?;
     let form = if bundle { Form::Bundle } else { Form::Graph };
     Some(Program { graphs, form })
 }
 
-/// One section: a [`BinGraph`].
-fn graph(w: &mut Wire) -> Option<Graph> {
-    let name = if w.is_some()? {
-        Some(w.str()?.to_owned())
-    } else {
-        None
-    };
-    let kind: GraphKind = w.decode()?;
-    let targets: Vec<Str> = w.decode()?;
-    let tensors = shared(w.decode::<Vec<TensorMeta>>()?);
-    let tables = Tables {
-        targets: &targets,
-        tensors: &tensors,
-    };
-    let mut g = Graph::new(name, kind);
+/// A `Vec<B>` as bincode reads it, claims and all, each item read by `item` as a `T`.
+fn list<'a, B, T>(
+    w: &mut Wire<'a>,
+    mut item: impl FnMut(&mut Wire<'a>) -> Option<T>,
+) -> Option<Vec<T>> {
+    list_from::<B, T>(w, 0, |w, _| item(w))
+}
+
+/// [`list`], `item` also given each item's index counted from `first`.
+fn list_from<'a, B, T>(
+    w: &mut Wire<'a>,
+    first: usize,
+    mut item: impl FnMut(&mut Wire<'a>, usize) -> Option<T>,
+) -> Option<Vec<T>> {
     let len = w.len()?;
-    w.claim_items::<BinNode>(len)?;
-    // Training-step graphs read about two producers per node; a reference takes two bytes.
-    let nodes = len.min(w.remaining() / MIN_NODE_BYTES);
-    g.reserve(nodes, (2 * nodes).min(w.remaining() / 2));
-    for pos in 0..len {
-        w.unclaim_item::<BinNode>();
-        g.push(node(w, pos, &tables)?).ok()?;
+    w.claim_items::<B>(len)?;
+    // Every item takes a byte at least: a length no input backs reserves nothing.
+    let mut out = Vec::with_capacity(len.min(w.remaining()));
+    for i in 0..len {
+        w.unclaim_item::<B>();
+        out.push(item(w, first.checked_add(i)?)?);
     }
-    let params: Vec<Param<u32>> = w.decode()?;
-    g.params.reserve_exact(params.len());
-    for p in params {
-        if p.node as usize >= len {
-            return None;
+    Some(out)
+}
+
+/// One graph section before its nodes are read: [`super::BinGraph`] with its chunks of nodes
+/// as bytes.
+struct Parts<'a> {
+    name: Option<String>,
+    kind: GraphKind,
+    targets: Vec<Str>,
+    tensors: Vec<std::sync::Arc<TensorMeta>>,
+    chunks: Vec<&'a [u8]>,
+    params: Vec<Param<u32>>,
+    grads: Vec<Grad>,
+}
+
+impl<'a> Parts<'a> {
+    fn read(section: &'a [u8]) -> Option<Parts<'a>> {
+        let mut w = Wire::new(section);
+        let parts = Parts {
+            name: option(&mut w, |w| w.str().map(str::to_owned))?,
+            kind: w.decode()?,
+            targets: w.decode()?,
+            tensors: shared(w.decode::<Vec<TensorMeta>>()?),
+            chunks: list::<Vec<u8>, _>(&mut w, Wire::section)?,
+            params: w.decode()?,
+            grads: w.decode()?,
+        };
+        (w.remaining() == 0).then_some(parts)
+    }
+
+    fn tables(&self) -> Tables<'_> {
+        Tables {
+            targets: &self.targets,
+            tensors: &self.tensors,
         }
-        g.params.push(p.with_node(NodeId::new(p.node as usize)));
     }
-    g.grads = w.decode::<Vec<Grad>>()?;
-    Some(g)
+
+    /// The graph, its nodes `chunks` in order.
+    fn build(self, chunks: Vec<Vec<Node>>) -> Option<Graph> {
+        let mut g = Graph::new(self.name, self.kind);
+        let len: usize = chunks.iter().map(Vec::len).sum();
+        // Training-step graphs read about two producers per node.
+        g.reserve(len, 2 * len);
+        for node in chunks.into_iter().flatten() {
+            g.push(node).ok()?;
+        }
+        g.params.reserve_exact(self.params.len());
+        for p in self.params {
+            if p.node as usize >= len {
+                return None;
+            }
+            g.params.push(p.with_node(NodeId::new(p.node as usize)));
+        }
+        g.grads = self.grads;
+        Some(g)
+    }
 }
 
 /// Node `pos` of its graph, with references to earlier nodes only and its target and tensors
@@ -96,29 +155,18 @@ fn node(w: &mut Wire, pos: usize, tables: &Tables) -> Option<Node> {
     let name = Str::from(w.str()?);
     let op = *Op::ALL.get(w.u32()? as usize)?;
     let target = tables.targets.get(w.u32()? as usize)?.clone();
-    let len = w.len()?;
-    w.claim_items::<Arg<u32>>(len)?;
-    let mut args = Vec::with_capacity(len.min(w.remaining()));
-    for _ in 0..len {
-        w.unclaim_item::<Arg<u32>>();
-        args.push(arg::read(w, &mut node_ref).ok()?);
-    }
-    let len = w.len()?;
-    w.claim_items::<(Str, Arg<u32>)>(len)?;
+    let args = list::<Arg<u32>, _>(w, |w| arg::read(w, &mut node_ref).ok())?;
+    // A repeated key keeps its last value, as bincode's map does.
     let mut kwargs = BTreeMap::new();
-    for _ in 0..len {
-        w.unclaim_item::<(Str, Arg<u32>)>();
+    list::<(Str, Arg<u32>), _>(w, |w| {
         let key = Str::from(w.str()?);
         kwargs.insert(key, arg::read(w, &mut node_ref).ok()?);
-    }
-    let val = if w.is_some()? {
-        Some(val(w, tables)?)
-    } else {
-        None
-    };
-    let aliases = indexes(w)?;
-    let mutates = indexes(w)?;
-    let device_time_ms = if w.is_some()? { Some(w.f64()?) } else { None };
+        Some(())
+    })?;
+    let val = option(w, |w| val(w, tables))?;
+    let aliases = option(w, |w| list::<u32, _>(w, Wire::u32))?;
+    let mutates = option(w, |w| list::<u32, _>(w, Wire::u32))?;
+    let device_time_ms = option(w, Wire::f64)?;
     Some(Node {
         name,
         op,
@@ -139,16 +187,7 @@ fn val(w: &mut Wire, tables: &Tables) -> Option<Val> {
     let tensor = |w: &mut Wire| tables.tensors.get(w.u32()? as usize).cloned();
     Some(match w.u32()? {
         0 => Val::Tensor(tensor(w)?),
-        1 => {
-            let len = w.len()?;
-            w.claim_items::<Option<u32>>(len)?;
-            let mut items = Vec::with_capacity(len.min(w.remaining()));
-            for _ in 0..len {
-                w.unclaim_item::<Option<u32>>();
-                items.push(if w.is_some()? { Some(tensor(w)?) } else { None });
-            }
-            Val::Tuple(items)
-        }
+        1 => Val::Tuple(list::<Option<u32>, _>(w, |w| option(w, tensor))?),
         2 => Val::Sym(SymInt {
             expr: Str::from(w.str()?),
             hint: w.i64()?,
@@ -160,17 +199,10 @@ fn val(w: &mut Wire, tables: &Tables) -> Option<Val> {
     })
 }
 
-/// `meta.aliases` or `meta.mutates`: an `Option<Vec<u32>>`.
-fn indexes(w: &mut Wire) -> Option<Option<Vec<u32>>> {
-    if !w.is_some()? {
-        return Some(None);
-    }
-    let len = w.len()?;
-    w.claim_items::<u32>(len)?;
-    let mut out = Vec::with_capacity(len.min(w.remaining()));
-    for _ in 0..len {
-        w.unclaim_item::<u32>();
-        out.push(w.u32()?);
-    }
-    Some(Some(out))
+/// An `Option<T>` as bincode reads it, the value read by `value`.
+fn option<'a, T>(
+    w: &mut Wire<'a>,
+    value: impl FnOnce(&mut Wire<'a>) -> Option<T>,
+) -> Option<Option<T>> {
+    Some(if w.is_some()? { Some(value(w)?) } else { None })
 }

@@ -1,6 +1,6 @@
 //! The compact binary form: an 8-byte magic, a format version, then the program in bincode.
-//! Each graph is a section of its own, its length in front, so that a reader decodes the
-//! graphs of a program at once, one task each.
+//! Each graph is a section of its own, and its nodes are chunks of their own within it, each
+//! with its length in front, so that a reader decodes the chunks of every graph at once.
 //!
 //! Node references are program positions, so reading needs no name lookups; every position is
 //! still checked before a graph is built, and decoding is bounded in memory, so a corrupt or
@@ -21,6 +21,9 @@ pub const MAGIC: &[u8; 8] = b"ZSGRAPH\x89";
 pub const VERSION: u16 = 4;
 /// Upper bound on what a decode may claim, far above any real training step.
 const LIMIT: usize = 1 << 30;
+/// Nodes per chunk: enough that a chunk's overhead is nothing, few enough that a large graph
+/// splits into several and the cores share its decoding evenly.
+const CHUNK_NODES: usize = 2048;
 
 mod arg;
 mod fast;
@@ -48,7 +51,9 @@ struct BinGraph {
     kind: GraphKind,
     targets: Vec<Str>,
     tensors: Vec<TensorMeta>,
-    nodes: Vec<BinNode>,
+    /// The nodes in program order, [`CHUNK_NODES`] to a chunk (the last may hold fewer), each
+    /// chunk a `Vec<BinNode>` encoded on its own.
+    nodes: Vec<Vec<u8>>,
     params: Vec<Param<u32>>,
     grads: Vec<Grad>,
 }
@@ -83,12 +88,34 @@ fn config() -> impl bincode::config::Config {
 }
 
 pub fn export(program: &Program) -> Vec<u8> {
-    // Encoding plain owned data into a Vec has no failure path but the size limit, which a
-    // program held in memory cannot reach.
+    export_with(program, |chunk| chunk)
+}
+
+/// The binary form of `p` with the bytes of the ARG `Arg::Str(marker)` replaced by
+/// `replacement`, every length around them kept right: for tests that hand the reader ARGs
+/// no program can hold.
+#[cfg(feature = "testing")]
+pub fn export_with_arg_bytes(p: &Program, marker: &str, replacement: &[u8]) -> Vec<u8> {
+    // bincode standard: variant index 4 (Str), varint length, bytes.
+    let mut needle = vec![4u8, marker.len() as u8];
+    needle.extend_from_slice(marker.as_bytes());
+    export_with(p, |chunk| {
+        match chunk
+            .windows(needle.len())
+            .position(|w| w == needle.as_slice())
+        {
+            Some(at) => [&chunk[..at], replacement, &chunk[at + needle.len()..]].concat(),
+            None => chunk,
+        }
+    })
+}
+
+/// [`export`], each encoded chunk of nodes passed through `chunk`.
+fn export_with(program: &Program, chunk: impl Fn(Vec<u8>) -> Vec<u8> + Sync) -> Vec<u8> {
     let graphs = program
         .graphs
         .par_iter()
-        .map(|g| bincode::encode_to_vec(encode_graph(g), config()).unwrap_or_default())
+        .map(|g| encode(&encode_graph(g, &chunk)))
         .collect();
     let doc = BinProgram {
         bundle: program.form == Form::Bundle,
@@ -101,6 +128,12 @@ pub fn export(program: &Program) -> Vec<u8> {
     out.extend_from_slice(&VERSION.to_le_bytes());
     let _ = bincode::encode_into_std_write(&doc, &mut out, config());
     out
+}
+
+/// A section or chunk. Encoding plain owned data into a Vec has no failure path but the size
+/// limit, which a program held in memory cannot reach.
+fn encode<T: Encode + ?Sized>(value: &T) -> Vec<u8> {
+    bincode::encode_to_vec(value, config()).unwrap_or_default()
 }
 
 /// Distinct values in order of first use; the index of each. Insertion order alone decides
@@ -128,7 +161,7 @@ impl<'g, T: ?Sized + Eq + std::hash::Hash> Table<'g, T> {
     }
 }
 
-fn encode_graph<'g>(g: &'g Graph) -> BinGraph {
+fn encode_graph<'g>(g: &'g Graph, chunk: impl Fn(Vec<u8>) -> Vec<u8>) -> BinGraph {
     let pos = g.positions();
     let at = |id: &NodeId| pos[*id] as u32;
     let mut targets = Table::<str>::new();
@@ -141,7 +174,7 @@ fn encode_graph<'g>(g: &'g Graph) -> BinGraph {
             .entry(Arc::as_ptr(t))
             .or_insert_with(|| tensors.of(t))
     };
-    let nodes = g
+    let nodes: Vec<BinNode> = g
         .nodes()
         .map(|(_, n)| BinNode {
             name: n.name.clone(),
@@ -173,7 +206,10 @@ fn encode_graph<'g>(g: &'g Graph) -> BinGraph {
         kind: g.kind,
         targets: targets.items.into_iter().map(Str::from).collect(),
         tensors: tensors.items.into_iter().cloned().collect(),
-        nodes,
+        nodes: nodes
+            .chunks(CHUNK_NODES)
+            .map(|c| chunk(encode(c)))
+            .collect(),
         params: g.params.iter().map(|p| p.with_node(at(&p.node))).collect(),
         grads: g.grads.clone(),
     }
@@ -231,18 +267,14 @@ fn careful(payload: &[u8]) -> Result<Program, ImportError> {
     let mut diags = Diagnostics::default();
     let mut graphs = Vec::with_capacity(doc.graphs.len());
     for (i, section) in doc.graphs.iter().enumerate() {
-        let corrupt = |message: String| ImportError::Corrupt {
-            message: format!("graph {i}: {message}"),
-        };
-        let (g, used): (BinGraph, usize) =
-            bincode::decode_from_slice(section, config()).map_err(|e| corrupt(e.to_string()))?;
-        if used != section.len() {
-            return Err(corrupt(format!(
-                "{} trailing bytes after the graph",
-                section.len() - used
-            )));
+        let bg: BinGraph = whole(section, || format!("graph {i}"))?;
+        let mut nodes = Vec::new();
+        for (c, chunk) in bg.nodes.iter().enumerate() {
+            nodes.extend(whole::<Vec<BinNode>>(chunk, || {
+                format!("graph {i}, node chunk {c}")
+            })?);
         }
-        match decode_graph(g, i) {
+        match decode_graph(bg, nodes, i) {
             Ok(g) => graphs.push(g),
             Err(d) => diags.0.extend(d.0),
         }
@@ -258,7 +290,20 @@ fn careful(payload: &[u8]) -> Result<Program, ImportError> {
     Ok(program)
 }
 
-fn decode_graph(bg: BinGraph, i: usize) -> Result<Graph, Diagnostics> {
+/// A section or chunk, which must be exactly one `T`; `what` names it in an error.
+fn whole<T: Decode<()>>(bytes: &[u8], what: impl Fn() -> String) -> Result<T, ImportError> {
+    let corrupt = |message: String| ImportError::Corrupt {
+        message: format!("{}: {message}", what()),
+    };
+    let (value, used) =
+        bincode::decode_from_slice(bytes, config()).map_err(|e| corrupt(e.to_string()))?;
+    if used != bytes.len() {
+        return Err(corrupt(format!("{} trailing bytes", bytes.len() - used)));
+    }
+    Ok(value)
+}
+
+fn decode_graph(bg: BinGraph, nodes: Vec<BinNode>, i: usize) -> Result<Graph, Diagnostics> {
     let label = bg.name.clone().unwrap_or_else(|| format!("graphs[{i}]"));
     let mut d = Diagnostics::default();
     let mut g = Graph::new(bg.name, bg.kind);
@@ -267,7 +312,7 @@ fn decode_graph(bg: BinGraph, i: usize) -> Result<Graph, Diagnostics> {
         targets: &bg.targets,
         tensors: &tensors,
     };
-    for (pos, n) in bg.nodes.iter().enumerate() {
+    for (pos, n) in nodes.iter().enumerate() {
         let at = |field: &str| Location::field(&label, &n.name, field);
         let mut check = |&r: &u32| {
             if (r as usize) < pos {
@@ -292,8 +337,7 @@ fn decode_graph(bg: BinGraph, i: usize) -> Result<Graph, Diagnostics> {
         let (args, kwargs) = match refs {
             Ok(refs) => refs,
             Err(r) => {
-                let target = bg
-                    .nodes
+                let target = nodes
                     .get(r as usize)
                     .map_or_else(|| format!("#{r}"), |t| t.name.to_string());
                 d.push(
@@ -336,7 +380,7 @@ fn decode_graph(bg: BinGraph, i: usize) -> Result<Graph, Diagnostics> {
         }
     }
     for (pi, p) in bg.params.into_iter().enumerate() {
-        if (p.node as usize) < bg.nodes.len() {
+        if (p.node as usize) < nodes.len() {
             g.params.push(p.with_node(NodeId::new(p.node as usize)));
         } else {
             d.push(
@@ -421,16 +465,16 @@ mod tests {
             kind: GraphKind::Forward,
             targets: vec![Str::from("x"), Str::from("output")],
             tensors: vec![TensorMeta::new(vec![], crate::Dtype::Float32)],
-            nodes: vec![
+            nodes: vec![encode(&vec![
                 node("x", Op::Placeholder, 0, vec![], Some(BinVal::Tensor(0))),
                 node("out", Op::Output, target, vec![Arg::Node(0)], val),
-            ],
+            ])],
             params: vec![],
             grads: vec![],
         };
         let doc = BinProgram {
             bundle: false,
-            graphs: vec![bincode::encode_to_vec(&graph, config()).unwrap()],
+            graphs: vec![encode(&graph)],
         };
         let mut out = MAGIC.to_vec();
         out.extend_from_slice(&VERSION.to_le_bytes());
@@ -457,22 +501,36 @@ mod tests {
     }
 
     #[test]
-    fn repeated_targets_and_tensors_are_stored_once() {
-        let p = crate::testing::llama_like(2);
+    fn repeated_targets_and_tensors_are_stored_once_and_nodes_chunked() {
+        let p = crate::testing::llama_like(96);
         let bin = export(&p);
-        let (doc, _): (BinProgram, usize) =
-            bincode::decode_from_slice(payload(&bin).unwrap(), config()).unwrap();
+        let doc: BinProgram = whole(payload(&bin).unwrap(), String::new).unwrap();
+        let mut chunked = false;
         for (g, section) in p.graphs.iter().zip(&doc.graphs) {
-            let (bg, _): (BinGraph, usize) = bincode::decode_from_slice(section, config()).unwrap();
+            let bg: BinGraph = whole(section, String::new).unwrap();
             let distinct: std::collections::HashSet<&str> =
                 g.nodes().map(|(_, n)| n.target.as_str()).collect();
             assert_eq!(bg.targets.len(), distinct.len());
             assert!(
-                bg.tensors.len() < bg.nodes.len() / 2,
+                bg.tensors.len() < g.len() / 2,
                 "{} tensors",
                 bg.tensors.len()
             );
+            let sizes: Vec<usize> = bg
+                .nodes
+                .iter()
+                .map(|c| whole::<Vec<BinNode>>(c, String::new).unwrap().len())
+                .collect();
+            assert_eq!(sizes.iter().sum::<usize>(), g.len());
+            let (last, full) = sizes.split_last().unwrap();
+            assert!(full.iter().all(|&n| n == CHUNK_NODES) && *last <= CHUNK_NODES);
+            chunked |= sizes.len() > 1;
         }
+        assert!(
+            chunked,
+            "some graph spans several chunks: {:?}",
+            p.graphs.iter().map(Graph::len).collect::<Vec<_>>()
+        );
         assert_eq!(export(&import(&bin).unwrap()), bin);
     }
 }
