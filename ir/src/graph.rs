@@ -101,6 +101,8 @@ pub struct Graph {
     dag: StableDiGraph<Node, (), u32>,
     order: Vec<NodeId>,
     names: Names,
+    /// The `output` nodes, in the order they were added: one in a well-formed graph.
+    outputs: Vec<NodeId>,
     pub params: Vec<Param>,
     pub grads: Vec<Grad>,
 }
@@ -140,8 +142,12 @@ impl Graph {
         if let Some(index) = bad {
             return Err(Problem::DanglingRef { index });
         }
+        let is_output = node.op == Op::Output;
         let id = self.dag.add_node(node);
         self.names.insert(hash, id, &self.dag);
+        if is_output {
+            self.outputs.push(id);
+        }
         for &p in producers.as_slice() {
             self.dag.add_edge(p, id, ());
         }
@@ -241,6 +247,7 @@ impl Graph {
             .ok_or(Problem::DanglingRef { index: id.index() })?;
         self.names.remove(&node.name, id);
         self.order.retain(|&n| n != id);
+        self.outputs.retain(|&n| n != id);
         Ok(node)
     }
 
@@ -261,6 +268,7 @@ impl Graph {
             }
         }
         self.order.retain(|&n| self.dag.contains_node(n));
+        self.outputs.retain(|&n| self.dag.contains_node(n));
         Ok(())
     }
 
@@ -365,13 +373,24 @@ impl Graph {
         &self.dag
     }
 
-    /// The first `output` node in program order.
+    /// The `output` node: the last in program order, should there be several.
     pub fn output(&self) -> Option<NodeId> {
-        self.order
-            .iter()
-            .rev()
-            .copied()
-            .find(|&id| self.dag[id].op == Op::Output)
+        match self.outputs.as_slice() {
+            [] => None,
+            [one] => Some(*one),
+            _ => self
+                .order
+                .iter()
+                .rev()
+                .copied()
+                .find(|id| self.outputs.contains(id)),
+        }
+    }
+
+    /// Every `output` node, in no particular order: one in a well-formed graph, found without
+    /// reading the others.
+    pub fn outputs(&self) -> &[NodeId] {
+        &self.outputs
     }
 
     /// The returned values: the output node's one argument, flattened one level.
@@ -465,4 +484,35 @@ fn distinct(refs: impl Iterator<Item = NodeId>) -> Vec<NodeId> {
     let mut out = Vec::new();
     Distinct::default().each(|f| refs.for_each(f), |r| out.push(r));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Arg;
+
+    fn output(name: &str, of: NodeId) -> Node {
+        Node {
+            op: Op::Output,
+            ..Node::call(name, "output", vec![Arg::List(vec![Arg::Node(of)])])
+        }
+    }
+
+    #[test]
+    fn outputs_follow_adds_and_removals() {
+        let mut g = Graph::new(None, GraphKind::Forward);
+        let x = g.push(Node::call("x", "aten.relu.default", vec![])).unwrap();
+        assert_eq!(g.outputs(), &[] as &[NodeId]);
+        let first = g.push(output("out", x)).unwrap();
+        let second = g.push(output("out_1", x)).unwrap();
+        assert_eq!(g.outputs(), &[first, second]);
+        assert_eq!(g.output(), Some(second), "the last in program order");
+        g.set_order(vec![x, second, first]).unwrap();
+        assert_eq!(g.output(), Some(first));
+        g.remove(first).unwrap();
+        assert_eq!(g.outputs(), &[second]);
+        assert_eq!(g.output(), Some(second));
+        g.remove_all(&[second]).unwrap();
+        assert_eq!(g.output(), None);
+    }
 }

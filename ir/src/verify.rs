@@ -57,11 +57,8 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
     let label = g.label();
     let pos = g.positions();
     // A reference is checked against these instead of reading the node it names.
-    let outputs: Vec<NodeId> = g
-        .nodes()
-        .filter(|(_, n)| n.op == Op::Output)
-        .map(|(id, _)| id)
-        .collect();
+    let mut outputs = g.outputs().to_vec();
+    outputs.sort_unstable_by_key(|&o| pos[o]);
     let checked: Vec<(Diagnostics, bool)> = g
         .order()
         .par_chunks(NODES_PER_TASK)
