@@ -501,7 +501,9 @@ mod tests {
     #[test]
     fn outputs_follow_adds_and_removals() {
         let mut g = Graph::new(None, GraphKind::Forward);
-        let x = g.push(Node::call("x", "aten.relu.default", vec![])).unwrap();
+        let x = g
+            .push(Node::call("x", "aten.relu.default", vec![]))
+            .unwrap();
         assert_eq!(g.outputs(), &[] as &[NodeId]);
         let first = g.push(output("out", x)).unwrap();
         let second = g.push(output("out_1", x)).unwrap();
