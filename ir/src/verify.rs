@@ -144,9 +144,7 @@ fn check_nodes(
         for (fi, a) in n.args.iter().chain(n.kwargs.values()).enumerate() {
             refs.clear();
             // A lone reference or scalar, the usual argument, is as shallow as can be.
-            if !matches!(a, crate::Arg::List(_) | crate::Arg::Slice(_)) {
-                a.for_each_ref(&mut |r| refs.push(*r));
-            } else {
+            if matches!(a, crate::Arg::List(_) | crate::Arg::Slice(_)) {
                 let depth = a.depth();
                 if depth > crate::arg::MAX_DEPTH {
                     d.push(
@@ -159,8 +157,8 @@ fn check_nodes(
                         },
                     );
                 }
-                a.for_each_ref(&mut |r| refs.push(*r));
             }
+            a.for_each_ref(&mut |r| refs.push(*r));
             for &r in &refs {
                 let later = pos[r] >= here;
                 if outputs.contains(&r) {

@@ -1,17 +1,16 @@
-//! The fast path: [`super::BinProgram`]'s bytes read by [`Wire`] straight into the IR, one
-//! task per graph section, each node going into its graph as it is read, references checked
-//! and converted on the way.
+//! The fast path: [`super::BinProgram`]'s bytes read by [`Wire`] straight into the IR. Every
+//! graph's header is read first, then every chunk of nodes of every graph at once (references
+//! checked and converted on the way), then each graph is built from its chunks in order.
 //!
 //! Any problem, a bad reference or a repeated name included, is `None`: the careful path then
 //! decodes again and names it. The fast path reads exactly what bincode's derived code reads,
 //! field by field in declaration order, and claims what it claims (see [`Wire`]).
 
-use super::arg;
+use super::arg::{self, Source};
 use super::wire::Wire;
 use super::{BinNode, Tables, shared};
 use crate::{
-    Arg, Form, Grad, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program, Str, SymInt,
-    TensorMeta, Val,
+    Arg, Form, Grad, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program, Str, TensorMeta, Val,
 };
 use rayon::prelude::*;
 use std::collections::BTreeMap;
@@ -46,8 +45,8 @@ pub(super) fn program(payload: &[u8]) -> Option<Program> {
         .into_par_iter()
         .map(|(gi, first, chunk)| {
             let mut w = Wire::new(chunk);
-            let nodes =
-                list_from::<BinNode, _>(&mut w, first, |w, pos| node(w, pos, &parts[gi].tables()))?;
+            let tables = parts[gi].tables();
+            let nodes = list_from::<BinNode, _>(&mut w, first, |w, pos| node(w, pos, &tables))?;
             (w.remaining() == 0).then_some((gi, nodes))
         })
         .collect::<Option<Vec<_>>>()?;
@@ -188,10 +187,7 @@ fn val(w: &mut Wire, tables: &Tables) -> Option<Val> {
     Some(match w.u32()? {
         0 => Val::Tensor(tensor(w)?),
         1 => Val::Tuple(list::<Option<u32>, _>(w, |w| option(w, tensor))?),
-        2 => Val::Sym(SymInt {
-            expr: Str::from(w.str()?),
-            hint: w.i64()?,
-        }),
+        2 => Val::Sym(Source::sym(w).ok()?),
         3 => Val::Int(w.i64()?),
         4 => Val::Float(w.f64()?),
         5 => Val::Bool(w.bool()?),

@@ -2,7 +2,7 @@
 //!
 //! bincode defines the binary form: export and the careful import are its derived code. Its
 //! decoder returns every primitive as a `Result` with a large error type and checks the limit
-//! through a trait object's worth of generic layers, which costs more than the reading itself
+//! through several layers of generic calls, which costs more than the reading itself
 //! when a file is a hundred thousand small records. [`Wire`] reads the same bytes as plain
 //! slice operations and answers `None` for anything bincode would refuse, leaving the careful
 //! path to say why. It makes the same claims against the decode limit that bincode's decoder
