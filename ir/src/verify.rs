@@ -2,19 +2,38 @@
 //! first (Cranelift's verifier is the model). Importers run it; the pass manager runs it
 //! between passes.
 
-use crate::{Diagnostics, Graph, Location, NodeId, Op, Problem, Program, Val};
+use crate::{Diagnostics, Graph, Location, Node, NodeId, Op, Problem, Program, Val};
 use rayon::prelude::*;
 use std::collections::HashMap;
 
 /// Verifies every graph of a program and that graphs agree on shared parameters.
 pub fn program(p: &Program) -> Result<(), Diagnostics> {
+    check_program(p, Nodes::Check)
+}
+
+/// [`program`] for a reader that has already held every node to [`node_fields`] and built
+/// each graph in program order from references to earlier nodes that are not outputs: the
+/// checks over whole graphs and across them, without a second walk over the nodes. Whether
+/// it finds problems is all it says; the careful path then names them.
+pub(crate) fn program_read_in_order(p: &Program) -> bool {
+    check_program(p, Nodes::Checked).is_ok()
+}
+
+/// Whether [`check_graph`] walks the nodes, or a reader already has.
+#[derive(Clone, Copy, PartialEq)]
+enum Nodes {
+    Check,
+    Checked,
+}
+
+fn check_program(p: &Program, nodes: Nodes) -> Result<(), Diagnostics> {
     // One task per graph; problems in graph order whichever finishes first.
     let found: Vec<Diagnostics> = p
         .graphs
         .par_iter()
         .map(|g| {
             let mut d = Diagnostics::default();
-            check_graph(g, &mut d);
+            check_graph(g, nodes, &mut d);
             d
         })
         .collect();
@@ -45,7 +64,7 @@ pub fn program(p: &Program) -> Result<(), Diagnostics> {
 /// Verifies one graph.
 pub fn graph(g: &Graph) -> Result<(), Diagnostics> {
     let mut d = Diagnostics::default();
-    check_graph(g, &mut d);
+    check_graph(g, Nodes::Check, &mut d);
     d.into_result()
 }
 
@@ -53,35 +72,32 @@ pub fn graph(g: &Graph) -> Result<(), Diagnostics> {
 /// once, and each range's problems join the others' in program order.
 const NODES_PER_TASK: usize = 4096;
 
-fn check_graph(g: &Graph, d: &mut Diagnostics) {
+fn check_graph(g: &Graph, nodes: Nodes, d: &mut Diagnostics) {
     let label = g.label();
-    let pos = g.positions();
-    // A reference is checked against these instead of reading the node it names.
-    let mut outputs = g.outputs().to_vec();
-    outputs.sort_unstable_by_key(|&o| pos[o]);
-    let checked: Vec<(Diagnostics, bool)> = g
-        .order()
-        .par_chunks(NODES_PER_TASK)
-        .enumerate()
-        .map(|(task, ids)| {
-            let mut found = Diagnostics::default();
-            let first = task * NODES_PER_TASK;
-            let forward = check_nodes(g, ids, first, &pos, &outputs, &mut found);
-            (found, forward)
-        })
-        .collect();
     let mut forward_refs = false;
-    for (found, forward) in checked {
-        d.0.extend(found.0);
-        forward_refs |= forward;
+    match nodes {
+        Nodes::Check => forward_refs = check_all_nodes(g, d),
+        // Every node's fields are sound and its references earlier: only a second output
+        // is left to find.
+        Nodes::Checked => {
+            if g.outputs().len() > 1 {
+                d.push(
+                    Location::graph(label),
+                    Problem::ManyOutputs {
+                        count: g.outputs().len(),
+                    },
+                );
+            }
+        }
     }
-    if outputs.is_empty() {
+    if g.outputs().is_empty() {
         d.push(Location::graph(label), Problem::NoOutput);
     }
     if forward_refs {
         for scc in petgraph::algo::tarjan_scc(g.dag()) {
             let cyclic = scc.len() > 1 || scc.first().is_some_and(|&n| g.dag().contains_edge(n, n));
             if cyclic {
+                let pos = g.positions();
                 let mut members = scc;
                 members.sort_unstable_by_key(|&n| pos[n]);
                 for m in members {
@@ -105,6 +121,32 @@ fn check_graph(g: &Graph, d: &mut Diagnostics) {
     }
 }
 
+/// The per-node checks of every node, a large graph's in ranges at once; whether any node
+/// refers to a node at or after its own position.
+fn check_all_nodes(g: &Graph, d: &mut Diagnostics) -> bool {
+    let pos = g.positions();
+    // A reference is checked against these instead of reading the node it names.
+    let mut outputs = g.outputs().to_vec();
+    outputs.sort_unstable_by_key(|&o| pos[o]);
+    let checked: Vec<(Diagnostics, bool)> = g
+        .order()
+        .par_chunks(NODES_PER_TASK)
+        .enumerate()
+        .map(|(task, ids)| {
+            let mut found = Diagnostics::default();
+            let first = task * NODES_PER_TASK;
+            let forward = check_nodes(g, ids, first, &pos, &outputs, &mut found);
+            (found, forward)
+        })
+        .collect();
+    let mut forward_refs = false;
+    for (found, forward) in checked {
+        d.0.extend(found.0);
+        forward_refs |= forward;
+    }
+    forward_refs
+}
+
 /// The per-node checks of `ids`, the nodes at program positions from `first` on; whether any
 /// refers to a node at or after its own position.
 fn check_nodes(
@@ -118,8 +160,7 @@ fn check_nodes(
     let label = g.label();
     let mut forward_refs = false;
     let mut refs: Vec<NodeId> = Vec::new();
-    // Tensors already found sound: nodes share them, so each is checked once.
-    let mut sound: hashbrown::HashSet<*const crate::TensorMeta> = hashbrown::HashSet::new();
+    let mut sound = SoundTensors::default();
     for (k, &id) in ids.iter().enumerate() {
         let here = first + k;
         let n = g.node(id);
@@ -133,37 +174,15 @@ fn check_nodes(
                 );
             }
         }
-        // Field names are built only for a diagnostic: this loop runs for every argument.
-        let field_of = |i: usize| match i.checked_sub(n.args.len()) {
-            None => format!("args[{i}]"),
-            Some(k) => format!(
-                "kwargs.{}",
-                n.kwargs.keys().nth(k).map_or("", |k| k.as_str())
-            ),
-        };
+        node_fields(label, n, &mut sound, d);
         for (fi, a) in n.args.iter().chain(n.kwargs.values()).enumerate() {
             refs.clear();
-            // A lone reference or scalar, the usual argument, is as shallow as can be.
-            if matches!(a, crate::Arg::List(_) | crate::Arg::Slice(_)) {
-                let depth = a.depth();
-                if depth > crate::arg::MAX_DEPTH {
-                    d.push(
-                        Location::field(label, &n.name, field_of(fi)),
-                        Problem::BadValue {
-                            message: format!(
-                                "ARG nested {depth} levels deep; at most {} are allowed",
-                                crate::arg::MAX_DEPTH
-                            ),
-                        },
-                    );
-                }
-            }
             a.for_each_ref(&mut |r| refs.push(*r));
             for &r in &refs {
                 let later = pos[r] >= here;
                 if outputs.contains(&r) {
                     d.push(
-                        Location::field(label, &n.name, field_of(fi)),
+                        Location::field(label, &n.name, field_of(n, fi)),
                         Problem::RefToOutput {
                             target: g.node(r).name.to_string(),
                         },
@@ -172,46 +191,9 @@ fn check_nodes(
                 if later {
                     forward_refs = true;
                     d.push(
-                        Location::field(label, &n.name, field_of(fi)),
+                        Location::field(label, &n.name, field_of(n, fi)),
                         Problem::LaterRef {
                             target: g.node(r).name.to_string(),
-                        },
-                    );
-                }
-            }
-        }
-        if let Some(v) = &n.meta.val {
-            let shared = match v {
-                Val::Tensor(t) => Some(std::sync::Arc::as_ptr(t)),
-                _ => None,
-            };
-            if shared.is_none_or(|t| !sound.contains(&t)) {
-                let before = d.0.len();
-                check_dims(v, &mut |f, p| {
-                    d.push(Location::field(label, &n.name, format!("meta.val{f}")), p)
-                });
-                if v.nbytes().is_none() {
-                    d.push(
-                        Location::field(label, &n.name, "meta.val"),
-                        Problem::SizeOverflow,
-                    );
-                }
-                if let Some(t) = shared.filter(|_| d.0.len() == before) {
-                    sound.insert(t);
-                }
-            }
-        }
-        for (field, idx) in [
-            ("meta.aliases", &n.meta.aliases),
-            ("meta.mutates", &n.meta.mutates),
-        ] {
-            for &i in idx.iter().flatten() {
-                if i as usize >= n.args.len() {
-                    d.push(
-                        Location::field(label, &n.name, field),
-                        Problem::MetaIndexOutOfRange {
-                            index: i64::from(i),
-                            len: n.args.len(),
                         },
                     );
                 }
@@ -220,6 +202,81 @@ fn check_nodes(
         debug_assert_eq!(pos[id], here);
     }
     forward_refs
+}
+
+/// Tensors already found sound: nodes share them, so each is checked once.
+pub(crate) type SoundTensors = hashbrown::HashSet<*const crate::TensorMeta>;
+
+/// The checks of one node that need nothing but the node: how deeply its arguments nest, its
+/// value's sizes, and the argument indexes its metadata names. `sound` holds the shared
+/// tensors already checked, here or by an earlier call.
+pub(crate) fn node_fields(label: &str, n: &Node, sound: &mut SoundTensors, d: &mut Diagnostics) {
+    for (fi, a) in n.args.iter().chain(n.kwargs.values()).enumerate() {
+        // A lone reference or scalar, the usual argument, is as shallow as can be.
+        if matches!(a, crate::Arg::List(_) | crate::Arg::Slice(_)) {
+            let depth = a.depth();
+            if depth > crate::arg::MAX_DEPTH {
+                d.push(
+                    Location::field(label, &n.name, field_of(n, fi)),
+                    Problem::BadValue {
+                        message: format!(
+                            "ARG nested {depth} levels deep; at most {} are allowed",
+                            crate::arg::MAX_DEPTH
+                        ),
+                    },
+                );
+            }
+        }
+    }
+    if let Some(v) = &n.meta.val {
+        let shared = match v {
+            Val::Tensor(t) => Some(std::sync::Arc::as_ptr(t)),
+            _ => None,
+        };
+        if shared.is_none_or(|t| !sound.contains(&t)) {
+            let before = d.0.len();
+            check_dims(v, &mut |f, p| {
+                d.push(Location::field(label, &n.name, format!("meta.val{f}")), p)
+            });
+            if v.nbytes().is_none() {
+                d.push(
+                    Location::field(label, &n.name, "meta.val"),
+                    Problem::SizeOverflow,
+                );
+            }
+            if let Some(t) = shared.filter(|_| d.0.len() == before) {
+                sound.insert(t);
+            }
+        }
+    }
+    for (field, idx) in [
+        ("meta.aliases", &n.meta.aliases),
+        ("meta.mutates", &n.meta.mutates),
+    ] {
+        for &i in idx.iter().flatten() {
+            if i as usize >= n.args.len() {
+                d.push(
+                    Location::field(label, &n.name, field),
+                    Problem::MetaIndexOutOfRange {
+                        index: i64::from(i),
+                        len: n.args.len(),
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// The name of argument `i` of `n`, counting `args` then `kwargs` in key order. Built only
+/// for a diagnostic: the checks run for every argument.
+fn field_of(n: &Node, i: usize) -> String {
+    match i.checked_sub(n.args.len()) {
+        None => format!("args[{i}]"),
+        Some(k) => format!(
+            "kwargs.{}",
+            n.kwargs.keys().nth(k).map_or("", |k| k.as_str())
+        ),
+    }
 }
 
 fn check_params(g: &Graph, d: &mut Diagnostics) {

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use serde_json::Value;
 use zerosched_ir::testing::{self, Config};
-use zerosched_ir::{binary, json};
+use zerosched_ir::{Arg, Graph, NodeId, Program, binary, json};
 
 fn cases() -> ProptestConfig {
     ProptestConfig {
@@ -269,4 +269,132 @@ fn importers_share_tensor_metadata_between_nodes() {
         addrs_b >= values && addrs_b <= values * graphs,
         "{addrs_b} copies, {values} values"
     );
+}
+
+/// A program that breaks one rule of the structural verifier, in one node of a small graph
+/// (`x` → `y` → output): `damage` edits the graph, given `y`'s and the output's handles.
+fn with_problem(damage: impl FnOnce(&mut Graph, NodeId, NodeId)) -> Program {
+    use zerosched_ir::{Dim, Dtype, Form, GraphKind, Meta, Node, Op, TensorMeta, Val};
+    let tensor = |dims: Vec<u64>| {
+        let shape = dims.into_iter().map(Dim::Const).collect();
+        Some(Val::Tensor(std::sync::Arc::new(TensorMeta::new(
+            shape,
+            Dtype::Float32,
+        ))))
+    };
+    let mut g = Graph::new(Some("forward".into()), GraphKind::Forward);
+    let x = g
+        .push(Node {
+            op: Op::Placeholder,
+            meta: Box::new(Meta {
+                val: tensor(vec![4]),
+                ..Meta::default()
+            }),
+            ..Node::call("x", "x", vec![])
+        })
+        .unwrap();
+    let y = g
+        .push(Node {
+            meta: Box::new(Meta {
+                val: tensor(vec![4]),
+                aliases: Some(vec![]),
+                ..Meta::default()
+            }),
+            ..Node::call("y", "aten.relu.default", vec![Arg::Node(x)])
+        })
+        .unwrap();
+    let out = g
+        .push(Node {
+            op: Op::Output,
+            ..Node::call("output", "output", vec![Arg::List(vec![Arg::Node(y)])])
+        })
+        .unwrap();
+    damage(&mut g, y, out);
+    Program {
+        graphs: vec![g],
+        form: Form::Graph,
+    }
+}
+
+/// The binary fast path checks each node as it reads it and leaves the checks over whole
+/// graphs to the verifier after: for a problem of either kind, the binary importer must
+/// refuse the document with the verifier's own words, the fast path's verdict and the careful
+/// path's alike.
+#[test]
+fn binary_fast_path_refuses_what_the_verifier_refuses() {
+    use zerosched_ir::{Dim, Dtype, Node, Op, SymInt, TensorMeta, Val};
+    // 64 lists are as deep as the binary reader goes; the `nan` inside, an object in JSON,
+    // is one level more than JSON allows.
+    let deep = (0..64).fold(Arg::Float(f64::NAN), |inner, _| Arg::List(vec![inner]));
+    let cases: Vec<(&str, Program)> = vec![
+        (
+            "alias index out of range",
+            with_problem(|g, y, _| g.meta_mut(y).aliases = Some(vec![3])),
+        ),
+        (
+            "negative symbolic size",
+            with_problem(|g, y, _| {
+                let shape = vec![Dim::Sym(SymInt {
+                    expr: "s0".into(),
+                    hint: -2,
+                })];
+                g.meta_mut(y).val = Some(Val::Tensor(std::sync::Arc::new(TensorMeta::new(
+                    shape,
+                    Dtype::Float32,
+                ))));
+            }),
+        ),
+        (
+            "byte size overflows",
+            with_problem(|g, y, _| {
+                let shape = vec![Dim::Const(u64::MAX / 2), Dim::Const(8)];
+                g.meta_mut(y).val = Some(Val::Tensor(std::sync::Arc::new(TensorMeta::new(
+                    shape,
+                    Dtype::Float32,
+                ))));
+            }),
+        ),
+        (
+            "ARG nested deeper than JSON allows",
+            with_problem(|g, y, _| {
+                let mut args = g.node(y).args.clone();
+                args.push(deep);
+                g.set_args(y, args, Default::default()).unwrap();
+            }),
+        ),
+        (
+            "reference to the output node",
+            with_problem(|g, _, out| {
+                g.push(Node::call("z", "aten.relu.default", vec![Arg::Node(out)]))
+                    .unwrap();
+            }),
+        ),
+        (
+            "two output nodes",
+            with_problem(|g, y, _| {
+                g.push(Node {
+                    op: Op::Output,
+                    ..Node::call("output_1", "output", vec![Arg::List(vec![Arg::Node(y)])])
+                })
+                .unwrap();
+            }),
+        ),
+        (
+            "no output node",
+            with_problem(|g, _, out| g.remove(out).map(drop).unwrap()),
+        ),
+    ];
+    for (what, p) in cases {
+        let expected = zerosched_ir::verify::program(&p)
+            .expect_err(what)
+            .to_string();
+        let bin = binary::export(&p);
+        let fast = binary::import(&bin).expect_err(what).to_string();
+        let careful = binary::import_careful(&bin).expect_err(what).to_string();
+        assert_eq!(fast, careful, "{what}");
+        assert!(
+            fast.contains(&expected),
+            "{what}: {fast} against {expected}"
+        );
+    }
 }

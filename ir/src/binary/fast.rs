@@ -1,19 +1,25 @@
 //! The fast path: [`super::BinProgram`]'s bytes read by [`Wire`] straight into the IR. Every
-//! graph's header is read first, then every chunk of nodes of every graph at once (references
-//! checked and converted on the way), then each graph is built from its chunks in order.
+//! graph's header is read first, then every chunk of nodes of every graph on every core
+//! (references checked and converted on the way), each chunk added to its graph as soon as
+//! the chunks before it are in ([`Assembly`]).
 //!
 //! Any problem, a bad reference or a repeated name included, is `None`: the careful path then
-//! decodes again and names it. The fast path reads exactly what bincode's derived code reads,
+//! decodes again and names it. That includes every problem the structural verifier finds in a
+//! node: its checks of each node run as the node is read, and a reference can only name an
+//! earlier node, so the program needs only the verifier's checks over whole graphs after. The fast path reads exactly what bincode's derived code reads,
 //! field by field in declaration order, and claims what it claims (see [`Wire`]).
 
 use super::arg::{self, Source};
+use super::assemble::Assembly;
 use super::wire::Wire;
 use super::{BinNode, Tables, shared};
 use crate::{
-    Arg, Form, Grad, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program, Str, TensorMeta, Val,
+    Arg, Diagnostics, Form, Grad, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program, Str,
+    TensorMeta, Val, verify,
 };
 use rayon::prelude::*;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 // The fast path claims `Arg<u32>`s where it builds `Arg<NodeId>`s: the same size, so the
 // same limit.
@@ -32,33 +38,49 @@ pub(super) fn program(payload: &[u8]) -> Option<Program> {
         .into_iter()
         .map(Parts::read)
         .collect::<Option<Vec<_>>>()?;
-    // Then every chunk of every graph at once, each knowing the position of its first node.
+    // Then every chunk of every graph, each knowing the position of its first node, taken in
+    // program order by every core and added to its graph as soon as it is next in order.
     let mut jobs = Vec::new();
+    let mut assemblies = Vec::with_capacity(parts.len());
     for (gi, part) in parts.iter().enumerate() {
-        let mut first = 0usize;
-        for &chunk in &part.chunks {
-            jobs.push((gi, first, chunk));
-            first = first.checked_add(Wire::new(chunk).len()?)?;
+        let (mut first, mut room) = (0usize, 0usize);
+        for (ci, &chunk) in part.chunks.iter().enumerate() {
+            jobs.push((gi, ci, first, chunk));
+            let len = Wire::new(chunk).len()?;
+            first = first.checked_add(len)?;
+            // Every node takes a byte at least: a length no input backs reserves nothing.
+            room += len.min(chunk.len());
         }
+        let graph = Graph::new(part.name.clone(), part.kind);
+        assemblies.push(Assembly::new(graph, part.chunks.len(), room));
     }
-    let chunks = jobs
-        .into_par_iter()
-        .map(|(gi, first, chunk)| {
-            let mut w = Wire::new(chunk);
-            let tables = parts[gi].tables();
-            let nodes = list_from::<BinNode, _>(&mut w, first, |w, pos| node(w, pos, &tables))?;
-            (w.remaining() == 0).then_some((gi, nodes))
-        })
-        .collect::<Option<Vec<_>>>()?;
-    // Then each graph from its chunks in order, one task per graph.
-    let mut by_graph: Vec<Vec<Vec<Node>>> = parts.iter().map(|_| Vec::new()).collect();
-    for (gi, nodes) in chunks {
-        by_graph.get_mut(gi)?.push(nodes);
+    let next = AtomicUsize::new(0);
+    let refused = AtomicBool::new(false);
+    rayon::scope(|s| {
+        for _ in 0..rayon::current_num_threads() {
+            s.spawn(|_| {
+                while let Some(&(gi, ci, first, chunk)) = jobs.get(next.fetch_add(1, Relaxed)) {
+                    if refused.load(Relaxed) {
+                        return;
+                    }
+                    match (parts.get(gi), assemblies.get(gi)) {
+                        (Some(part), Some(assembly)) => match part.decode(first, chunk) {
+                            Some(nodes) => assembly.offer(ci, nodes),
+                            None => refused.store(true, Relaxed),
+                        },
+                        _ => refused.store(true, Relaxed),
+                    }
+                }
+            });
+        }
+    });
+    if refused.into_inner() {
+        return None;
     }
     let graphs = parts
         .into_par_iter()
-        .zip(by_graph)
-        .map(|(part, chunks)| part.build(chunks))
+        .zip(assemblies)
+        .map(|(part, assembly)| part.finish(assembly.finish()?))
         .collect::<Option<Vec<Graph>>>()?;
     let form = if bundle { Form::Bundle } else { Form::Graph };
     Some(Program { graphs, form })
@@ -123,15 +145,25 @@ impl<'a> Parts<'a> {
         }
     }
 
-    /// The graph, its nodes `chunks` in order.
-    fn build(self, chunks: Vec<Vec<Node>>) -> Option<Graph> {
-        let mut g = Graph::new(self.name, self.kind);
-        let len: usize = chunks.iter().map(Vec::len).sum();
-        // Training-step graphs read about two producers per node.
-        g.reserve(len, 2 * len);
-        for node in chunks.into_iter().flatten() {
-            g.push(node).ok()?;
-        }
+    /// The nodes of one chunk, the first at program position `first`. The verifier's checks
+    /// of each node on its own run here too, while the node is at hand and on every core, so
+    /// that the program needs only the checks over whole graphs after.
+    fn decode(&self, first: usize, chunk: &[u8]) -> Option<Vec<Node>> {
+        let mut w = Wire::new(chunk);
+        let tables = self.tables();
+        let mut sound = verify::SoundTensors::default();
+        let mut problems = Diagnostics::default();
+        let nodes = list_from::<BinNode, _>(&mut w, first, |w, pos| {
+            let n = node(w, pos, &tables)?;
+            verify::node_fields("", &n, &mut sound, &mut problems);
+            problems.0.is_empty().then_some(n)
+        })?;
+        (w.remaining() == 0).then_some(nodes)
+    }
+
+    /// The graph `g`, its nodes all added, with its parameters and gradients.
+    fn finish(self, mut g: Graph) -> Option<Graph> {
+        let len = g.len();
         g.params.reserve_exact(self.params.len());
         for p in self.params {
             if p.node as usize >= len {

@@ -26,6 +26,7 @@ const LIMIT: usize = 1 << 30;
 const CHUNK_NODES: usize = 2048;
 
 mod arg;
+mod assemble;
 mod fast;
 mod wire;
 
@@ -217,10 +218,15 @@ fn encode_graph<'g>(g: &'g Graph, chunk: impl Fn(Vec<u8>) -> Vec<u8>) -> BinGrap
 
 pub fn import(bytes: &[u8]) -> Result<Program, ImportError> {
     let payload = payload(bytes)?;
-    // The fast path reads straight into the IR and gives up on any problem; the careful
-    // path then decodes again and reports it as it always has.
-    if let Some(program) = fast::program(payload) {
-        crate::verify::program(&program)?;
+    // The fast path reads straight into the IR, verifying each node as it goes, and gives up
+    // on any problem; the careful path then decodes again and reports it as it always has.
+    if let Some(program) = fast::program(payload)
+        && crate::verify::program_read_in_order(&program)
+    {
+        debug_assert!(
+            crate::verify::program(&program).is_ok(),
+            "the fast path accepted a program the verifier refuses"
+        );
         return Ok(program);
     }
     careful(payload)
