@@ -129,3 +129,32 @@ def persistent_bias_reduction() -> dict:
                         if n["target"] == "zerosched.reduce_grad.default"},
         }
     raise AssertionError("no scheduled backward graph with the bias gradient")
+
+
+def collectives_under_the_python_dispatcher() -> dict:
+    """Counts the collectives a compiled step issues (the schedule check's included), and those
+    issued with the Python dispatcher on: their kernel then runs holding the GIL, which gloo's
+    worker thread may need before it lets the enqueue proceed."""
+    counts = {"all": 0, "python_dispatcher": 0}
+    wrapped = {n: getattr(dist, n) for n in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")}
+
+    def counting(fn):
+        def call(*args, **kwargs):
+            counts["all"] += 1
+            counts["python_dispatcher"] += torch._C._dispatch_tls_is_dispatch_key_included(
+                torch._C.DispatchKey.PythonDispatcher)
+            return fn(*args, **kwargs)
+        return call
+
+    torch.manual_seed(0)
+    model = MLP(28)  # a width no other case uses: both graphs are scheduled and checked
+    h = zerosched.shard(model)
+    for n, fn in wrapped.items():
+        setattr(dist, n, counting(fn))
+    try:
+        _run(model, zerosched.backend(debug=True))
+    finally:
+        for n, fn in wrapped.items():
+            setattr(dist, n, fn)
+        h.close()
+    return counts

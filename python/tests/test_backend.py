@@ -34,3 +34,10 @@ def test_a_persistent_parameter_the_backward_does_not_read_is_all_reduced(ranks)
     for r in ranks.run(backend_cases.persistent_bias_reduction):
         assert "proj.bias" not in r["params"], "the backward graph should not carry the bias"
         assert r["sharded"] == {"proj.weight": True, "proj.bias": False}
+
+
+def test_no_collective_is_issued_holding_the_gil_through_the_python_dispatcher(ranks):
+    for r in ranks.run(backend_cases.collectives_under_the_python_dispatcher):
+        # Two schedule checks of two all-reduces each, and the gathers and reductions.
+        assert r["all"] >= 12, r
+        assert r["python_dispatcher"] == 0, r

@@ -215,12 +215,16 @@ def _assert_same_schedule(doc: dict) -> None:
     order = [(n["name"], n["target"], n["kwargs"] if n["target"].startswith("zerosched.") else None)
              for n in doc["nodes"]]
     h = int.from_bytes(hashlib.sha256(json.dumps(order, sort_keys=True).encode()).digest()[:7], "little")
+    from torch._dispatch.python import no_python_dispatcher
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     # AOTAutograd calls the compilers under its fake mode: the hash must be a real tensor, and
-    # on the device the group's backend reduces (NCCL reduces GPU tensors only).
+    # on the device the group's backend reduces (NCCL reduces GPU tensors only).  It may also
+    # call them with the Python dispatcher on, which runs the collective's kernel holding the
+    # GIL; gloo's worker thread, freeing an earlier collective's tensors under the lock that
+    # the enqueue waits for, needs the GIL too, and the rank deadlocks.
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    with unset_fake_temporarily():
+    with unset_fake_temporarily(), no_python_dispatcher():
         lo = torch.tensor([h], dtype=torch.int64, device=device)
         hi = lo.clone()
         dist.all_reduce(lo, op=dist.ReduceOp.MIN)
