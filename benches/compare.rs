@@ -32,25 +32,45 @@ fn median(mut xs: Vec<Duration>) -> Duration {
     xs[xs.len() / 2]
 }
 
-/// Median of `reps` runs of `f`, each on a fresh input from `setup`; making the input and
-/// dropping what `f` returns stay outside the timing.
-fn time_with<T, R>(
-    reps: usize,
-    mut setup: impl FnMut() -> T,
-    mut f: impl FnMut(T) -> R,
-) -> Duration {
-    median(
-        (0..reps)
-            .map(|_| {
-                let input = setup();
-                let t = Instant::now();
-                let out = f(input);
-                let d = t.elapsed();
-                drop(out);
-                d
-            })
-            .collect(),
-    )
+/// One timed run of `f` on a fresh input from `setup`; making the input and dropping what `f`
+/// returns stay outside the timing.
+fn time_once<T, R>(setup: &mut impl FnMut() -> T, f: &mut impl FnMut(T) -> R) -> Duration {
+    let input = setup();
+    let t = Instant::now();
+    let out = f(input);
+    let d = t.elapsed();
+    drop(out);
+    d
+}
+
+/// Scheduling times of one program.
+struct Timing<'a> {
+    name: &'a str,
+    /// After insertion.
+    nodes: usize,
+    per: Vec<(&'a str, Duration)>,
+}
+
+/// Something to time, run by [`interleaved`].
+type Timed<'a> = Box<dyn FnMut() -> Duration + 'a>;
+
+/// Medians of the `runs`, timed in `rounds` rounds that each run every one of them in turn,
+/// as often as it takes to fill about the time the slowest takes once (at most 25 times), so
+/// that figures compared in a ratio see the same load on a shared machine.
+fn interleaved(rounds: usize, runs: &mut [Timed]) -> Vec<Duration> {
+    let once: Vec<Duration> = runs.iter_mut().map(|f| f()).collect();
+    let slowest = once.iter().max().copied().unwrap_or_default();
+    let per_round: Vec<usize> = once
+        .iter()
+        .map(|d| (slowest.as_secs_f64() / d.as_secs_f64().max(1e-9)).clamp(1.0, 25.0) as usize)
+        .collect();
+    let mut samples = vec![Vec::new(); runs.len()];
+    for _ in 0..rounds {
+        for ((f, &k), out) in runs.iter_mut().zip(&per_round).zip(&mut samples) {
+            out.extend((0..k).map(|_| f()));
+        }
+    }
+    samples.into_iter().map(median).collect()
 }
 
 fn opts(scheduler: &str, budget: u64) -> PipelineOptions {
@@ -68,9 +88,9 @@ fn opts(scheduler: &str, budget: u64) -> PipelineOptions {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
-    let reps = if quick { 1 } else { 5 };
+    let rounds = if quick { 1 } else { 7 };
     println!(
-        "machine: {} cores; medians of {reps} runs\n",
+        "machine: {} cores; figures compared in a ratio are timed side by side, medians over {rounds} rounds\n",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!("## Schedule quality (simulated, world size {WORLD}, default H200 cost model)\n");
@@ -79,6 +99,7 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|---|");
     let mut timing = Vec::new();
+    let mut wholes = Vec::new();
     for &name in PROGRAMS {
         let Some((bytes, base)) = load(name) else {
             println!("| {name} | data missing | | | | | | |");
@@ -125,56 +146,73 @@ fn main() {
             continue;
         }
         let nodes = inserted.node_count();
-        let per: Vec<(&str, Duration)> = NAMES
+        // Each scheduler on fresh copies of the inserted graphs, side by side.
+        let scheds: Vec<&str> = NAMES
+            .iter()
+            .copied()
+            .filter(|&s| by_name(s).is_some())
+            .collect();
+        let mut runs: Vec<Timed> = scheds
             .iter()
             .filter_map(|&s| {
                 let sched = by_name(s)?;
                 let o = opts(s, 2 * layer).schedule;
-                let n = if s == "deepcompile" {
-                    reps.min(3)
-                } else {
-                    reps
+                let inserted = &inserted;
+                let mut setup = move || inserted.graphs.clone();
+                let mut run = move |mut graphs: Vec<zerosched_ir::Graph>| {
+                    for g in &mut graphs {
+                        let _ = sched.schedule(g, &o);
+                    }
+                    graphs
                 };
-                let d = time_with(
-                    n,
-                    || inserted.graphs.clone(),
-                    |mut graphs| {
-                        for g in &mut graphs {
-                            let _ = sched.schedule(g, &o);
-                        }
-                        graphs
-                    },
-                );
-                Some((s, d))
+                Some(Box::new(move || time_once(&mut setup, &mut run)) as Timed)
             })
             .collect();
-        let whole = time_with(
-            reps,
-            || (),
-            |()| {
-                let mut p = zerosched_ir::import(&bytes).ok()?;
-                pipeline::run(&pipeline::standard(), &mut p, &opts("prefetch", 2 * layer)).ok()?;
+        let per = scheds
+            .into_iter()
+            .zip(interleaved(rounds, &mut runs))
+            .collect();
+        drop(runs);
+        timing.push(Timing { name, nodes, per });
+        wholes.push((name, bytes, 2 * layer));
+    }
+    // The whole pipeline on every program, side by side, for the growth from 8 to 80 layers.
+    let mut runs: Vec<Timed> = wholes
+        .iter()
+        .map(|(_, bytes, budget)| {
+            let budget = *budget;
+            let mut run = move |()| {
+                let mut p = zerosched_ir::import(bytes).ok()?;
+                pipeline::run(&pipeline::standard(), &mut p, &opts("prefetch", budget)).ok()?;
                 let check = zerosched_passes::checker::CheckOptions {
-                    budget: 2 * layer,
+                    budget,
                     world_size: WORLD,
                 };
                 zerosched_passes::checker::check_program(&p, &check).ok()?;
                 Some((std::hint::black_box(zerosched_ir::json::export(&p)), p))
-            },
-        );
-        timing.push((name, nodes, per, whole));
-    }
+            };
+            Box::new(move || time_once(&mut || (), &mut run)) as Timed
+        })
+        .collect();
+    let whole_times = interleaved(rounds, &mut runs);
+    drop(runs);
+    let whole = |n: &str| {
+        wholes
+            .iter()
+            .zip(&whole_times)
+            .find(|((w, _, _), _)| *w == n)
+            .map(|(_, d)| d.as_secs_f64())
+    };
     println!("\n## Time (2-layer budget)\n");
     println!(
         "| program | nodes after insertion | scheduler | schedule time | whole pipeline (import, insert, schedule, keep, check, export) |"
     );
     println!("|---|---|---|---|---|");
-    for (name, nodes, per, whole) in &timing {
+    for Timing { name, nodes, per } in &timing {
         for (s, d) in per {
-            let w = if *s == "prefetch" {
-                format!("{:.1} ms", whole.as_secs_f64() * 1e3)
-            } else {
-                String::new()
+            let w = match whole(name) {
+                Some(t) if *s == "prefetch" => format!("{:.1} ms", t * 1e3),
+                _ => String::new(),
             };
             println!(
                 "| {name} | {nodes} | {s} | {:.2} ms | {w} |",
@@ -193,7 +231,6 @@ fn main() {
             );
         }
     }
-    let whole = |n: &str| timing.iter().find(|t| t.0 == n).map(|t| t.3.as_secs_f64());
     if let (Some(l8), Some(l80)) = (whole("llama70b_l8"), whole("llama70b_l80")) {
         println!(
             "\nwhole pipeline, 80 layers over 8 layers: {:.1}×",

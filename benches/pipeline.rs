@@ -7,7 +7,7 @@
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::path::Path;
 use zerosched_passes::checker::{CheckOptions, check_program};
@@ -71,12 +71,17 @@ fn schedulers(c: &mut Criterion) {
             pipeline::run(&pipeline::standard(), &mut inserted, &insert_only).expect("inserts");
             let s = zerosched_passes::schedule::by_name(scheduler).expect("known");
             group.bench_function(format!("{name}/{scheduler}"), |b| {
-                b.iter(|| {
-                    for g in &inserted.graphs {
-                        let mut g = g.clone();
-                        black_box(s.schedule(&mut g, &opts.schedule).expect("schedules"));
-                    }
-                })
+                // Fresh copies of the inserted graphs each time, made and dropped untimed.
+                b.iter_batched(
+                    || inserted.graphs.clone(),
+                    |mut graphs| {
+                        for g in &mut graphs {
+                            black_box(s.schedule(g, &opts.schedule).expect("schedules"));
+                        }
+                        graphs
+                    },
+                    BatchSize::LargeInput,
+                )
             });
         }
     }
