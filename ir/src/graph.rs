@@ -164,9 +164,11 @@ impl Graph {
     /// Replaces the program order. It must hold every live node exactly once.
     pub fn set_order(&mut self, order: Vec<NodeId>) -> Result<(), Problem> {
         let mut seen = vec![false; self.dag.node_bound()];
+        // Without removed nodes every index below the bound is a node: no need to read each.
+        let dense = self.dag.node_count() == self.dag.node_bound();
         for &id in &order {
             match seen.get_mut(id.index()) {
-                Some(s) if !*s && self.dag.contains_node(id) => *s = true,
+                Some(s) if !*s && (dense || self.dag.contains_node(id)) => *s = true,
                 _ => return Err(Problem::BadOrder),
             }
         }
@@ -516,5 +518,31 @@ mod tests {
         assert_eq!(g.output(), Some(second));
         g.remove_all(&[second]).unwrap();
         assert_eq!(g.output(), None);
+    }
+
+    #[test]
+    fn an_order_must_name_live_nodes_once_with_or_without_removed_ones() {
+        let mut g = Graph::new(None, GraphKind::Forward);
+        let ids: Vec<NodeId> = (0..3)
+            .map(|i| {
+                g.push(Node::call(&format!("n{i}"), "aten.relu.default", vec![]))
+                    .unwrap()
+            })
+            .collect();
+        let (a, b, c) = (ids[0], ids[1], ids[2]);
+        assert_eq!(g.set_order(vec![a, a, c]), Err(Problem::BadOrder));
+        assert_eq!(g.set_order(vec![c, b]), Err(Problem::BadOrder));
+        assert_eq!(
+            g.set_order(vec![c, NodeId::new(3), a]),
+            Err(Problem::BadOrder)
+        );
+        g.set_order(vec![c, b, a]).unwrap();
+        assert_eq!(g.order(), &[c, b, a]);
+        // With a hole at `b`'s index, naming it is refused even though it is below the bound.
+        g.remove(b).unwrap();
+        assert_eq!(g.set_order(vec![b, c]), Err(Problem::BadOrder));
+        assert_eq!(g.set_order(vec![b, c, a]), Err(Problem::BadOrder));
+        g.set_order(vec![a, c]).unwrap();
+        assert_eq!(g.order(), &[a, c]);
     }
 }

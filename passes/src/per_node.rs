@@ -2,6 +2,7 @@
 //! so an analysis of a 100,000-node graph makes a handful of allocations, not one per node.
 
 use petgraph::Direction;
+use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use zerosched_ir::{Graph, NodeId, SideTable};
 
 #[derive(Clone, Debug, Default)]
@@ -28,11 +29,20 @@ impl PerNode {
     /// Groups nodes by `key`, each group in program order: `group(k)` lists the nodes whose
     /// key is `k`.
     pub fn group_by(g: &Graph, key: impl Fn(NodeId) -> Option<NodeId>) -> PerNode {
+        PerNode::from_pairs(g, || {
+            g.order().iter().filter_map(|&id| key(id).map(|k| (k, id)))
+        })
+    }
+
+    /// The lists of `(owner, item)` pairs, each item under its owner in the order `pairs`
+    /// yields them; `pairs` is called twice (to count, then to fill) and must yield the same.
+    fn from_pairs<I: Iterator<Item = (NodeId, NodeId)>>(
+        g: &Graph,
+        pairs: impl Fn() -> I,
+    ) -> PerNode {
         let mut count: SideTable<u32> = SideTable::new(g, 0);
-        for &id in g.order() {
-            if let Some(k) = key(id) {
-                count[k] += 1;
-            }
+        for (owner, _) in pairs() {
+            count[owner] += 1;
         }
         let mut p = PerNode {
             range: SideTable::new(g, (0, 0)),
@@ -44,12 +54,10 @@ impl PerNode {
             at += count[id];
         }
         p.items = vec![NodeId::new(0); at as usize];
-        for &id in g.order() {
-            if let Some(k) = key(id) {
-                let end = &mut p.range[k].1;
-                p.items[*end as usize] = id;
-                *end += 1;
-            }
+        for (owner, item) in pairs() {
+            let end = &mut p.range[owner].1;
+            p.items[*end as usize] = item;
+            *end += 1;
         }
         p
     }
@@ -73,10 +81,18 @@ pub fn users(g: &Graph) -> PerNode {
 }
 
 fn neighbors(g: &Graph, dir: Direction) -> PerNode {
-    // The graph keeps one edge per producer-consumer pair, so neighbours are already distinct.
-    PerNode::build(g, |id, out| {
-        let lo = out.len();
-        out.extend(g.dag().neighbors_directed(id, dir));
-        out[lo..].sort_unstable();
-    })
+    // From one pass over the edge list rather than each node's own edges, which would bring
+    // every node into the cache for the two edge indexes it holds. The graph keeps one edge
+    // per producer-consumer pair, so neighbours are already distinct.
+    let mut p = PerNode::from_pairs(g, || {
+        g.dag().edge_references().map(|e| match dir {
+            Direction::Incoming => (e.target(), e.source()),
+            Direction::Outgoing => (e.source(), e.target()),
+        })
+    });
+    for &id in g.order() {
+        let (lo, hi) = p.range[id];
+        p.items[lo as usize..hi as usize].sort_unstable();
+    }
+    p
 }

@@ -97,6 +97,8 @@ struct Plan {
     inputs: PerNode,
     users: PerNode,
     role: SideTable<Role>,
+    /// Each node's communication op, read once: the walk then never reads a node itself.
+    comm: SideTable<Option<CommOp>>,
     spine: Vec<NodeId>,
     /// Compute cost of each node, ms.
     cost: SideTable<f64>,
@@ -124,6 +126,7 @@ impl Plan {
             inputs: per_node::inputs(g),
             users: per_node::users(g),
             role: SideTable::new(g, Role::Spine),
+            comm: SideTable::new(g, None),
             spine: Vec::new(),
             cost: SideTable::new(g, 0.0),
             prefix: vec![0.0],
@@ -147,6 +150,7 @@ impl Plan {
         let params = ops::ParamIndex::new(g);
         for (id, n) in inputs_first {
             let comm = CommOp::of(n);
+            p.comm[id] = comm;
             let (gathered, reads) = gathered_storage(g, &p, id, comm, &mut scratch);
             p.gather_of[id] = gathered;
             p.role[id] = match comm {
@@ -204,9 +208,7 @@ impl Plan {
                 }
                 seen[v] = true;
                 if let Some(gather) = p.gather_of[v] {
-                    if CommOp::of(g.node(v)) == Some(CommOp::Wait)
-                        && p.need_at[gather] == usize::MAX
-                    {
+                    if p.comm[v] == Some(CommOp::Wait) && p.need_at[gather] == usize::MAX {
                         p.need_at[gather] = i;
                         p.fifo.push(gather);
                     }
@@ -500,7 +502,7 @@ impl<'a> Walk<'a> {
     }
 
     fn emit_compute(&mut self, v: NodeId) {
-        match CommOp::of(self.g.node(v)) {
+        match self.plan.comm[v] {
             Some(CommOp::Wait) => {
                 if let Some(gather) = self.plan.gather_of[v] {
                     self.t_compute = self.t_compute.max(self.end_of[gather]);
@@ -529,7 +531,7 @@ impl<'a> Walk<'a> {
             if self.pending[u] > 0 {
                 continue;
             }
-            let op = CommOp::of(self.g.node(u));
+            let op = self.plan.comm[u];
             if matches!(op, Some(CommOp::Release | CommOp::Keep)) {
                 // A kept buffer stays resident past the graph's end.
                 if let (Some(gather), Some(CommOp::Release)) = (self.plan.gather_of[u], op) {
