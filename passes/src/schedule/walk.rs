@@ -129,7 +129,7 @@ impl Plan {
             comm: SideTable::new(g, None),
             spine: Vec::new(),
             cost: SideTable::new(g, 0.0),
-            prefix: vec![0.0],
+            prefix: Vec::new(),
             fifo: Vec::new(),
             need_at: SideTable::new(g, usize::MAX),
             gather_of: SideTable::new(g, None),
@@ -141,14 +141,16 @@ impl Plan {
             reductions: 0,
         };
         // Graph inputs are available from the start: placeholders lead the spine, so every
-        // shard can be gathered as early as the budget allows.
-        let inputs_first = g
-            .nodes()
-            .filter(|(_, n)| n.op == Op::Placeholder)
-            .chain(g.nodes().filter(|(_, n)| n.op != Op::Placeholder));
+        // shard can be gathered as early as the budget allows. They cost nothing, and every
+        // other table's default is what it holds for them.
+        let mut rest = Vec::new();
         let mut scratch = Vec::new();
         let params = ops::ParamIndex::new(g);
-        for (id, n) in inputs_first {
+        for (id, n) in g.nodes() {
+            if n.op == Op::Placeholder {
+                p.spine.push(id);
+                continue;
+            }
             let comm = CommOp::of(n);
             p.comm[id] = comm;
             let (gathered, reads) = gathered_storage(g, &p, id, comm, &mut scratch);
@@ -191,11 +193,15 @@ impl Plan {
             }
             if p.role[id] == Role::Spine {
                 p.cost[id] = opts.cost.compute_ms(g, id);
-                let total = p.prefix.last().copied().unwrap_or(0.0) + p.cost[id];
-                p.spine.push(id);
-                p.prefix.push(total);
+                rest.push(id);
             }
         }
+        p.spine.extend(rest);
+        let sums = p.spine.iter().scan(0.0, |total, &id| {
+            *total += p.cost[id];
+            Some(*total)
+        });
+        p.prefix = std::iter::once(0.0).chain(sums).collect();
         // First need of each gather: the first spine node that reaches its wait through
         // deferred nodes. Each deferred node is visited once.
         let mut seen = SideTable::new(g, false);
