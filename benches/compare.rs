@@ -147,12 +147,7 @@ fn main() {
         }
         let nodes = inserted.node_count();
         // Each scheduler on fresh copies of the inserted graphs, side by side.
-        let scheds: Vec<&str> = NAMES
-            .iter()
-            .copied()
-            .filter(|&s| by_name(s).is_some())
-            .collect();
-        let mut runs: Vec<Timed> = scheds
+        let (scheds, mut runs): (Vec<&str>, Vec<Timed>) = NAMES
             .iter()
             .filter_map(|&s| {
                 let sched = by_name(s)?;
@@ -165,21 +160,25 @@ fn main() {
                     }
                     graphs
                 };
-                Some(Box::new(move || time_once(&mut setup, &mut run)) as Timed)
+                Some((
+                    s,
+                    Box::new(move || time_once(&mut setup, &mut run)) as Timed,
+                ))
             })
-            .collect();
+            .unzip();
         let per = scheds
             .into_iter()
             .zip(interleaved(rounds, &mut runs))
             .collect();
         drop(runs);
         timing.push(Timing { name, nodes, per });
-        wholes.push((name, bytes, 2 * layer));
+        wholes.push((bytes, 2 * layer));
     }
-    // The whole pipeline on every program, side by side, for the growth from 8 to 80 layers.
+    // The whole pipeline on every program (`wholes` lines up with `timing`), side by side, for
+    // the growth from 8 to 80 layers.
     let mut runs: Vec<Timed> = wholes
         .iter()
-        .map(|(_, bytes, budget)| {
+        .map(|(bytes, budget)| {
             let budget = *budget;
             let mut run = move |()| {
                 let mut p = zerosched_ir::import(bytes).ok()?;
@@ -197,10 +196,10 @@ fn main() {
     let whole_times = interleaved(rounds, &mut runs);
     drop(runs);
     let whole = |n: &str| {
-        wholes
+        timing
             .iter()
             .zip(&whole_times)
-            .find(|((w, _, _), _)| *w == n)
+            .find(|(t, _)| t.name == n)
             .map(|(_, d)| d.as_secs_f64())
     };
     println!("\n## Time (2-layer budget)\n");
