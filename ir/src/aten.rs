@@ -1,19 +1,27 @@
 //! Facts about aten ops that every consumer of the format needs alike.
 
-/// Whether a target is one of the built-in view ops (`aten.NAME.overload`, in any overload):
-/// `_reshape_alias`, `_unsafe_view`, `alias`, `as_strided`, `chunk`, `detach`, `diagonal`,
-/// `expand`, `expand_as`, `flatten`, `movedim`, `narrow`, `permute`, `reshape`, `select`,
+/// The op name of an aten target: `NAME` in `aten.NAME` or `aten.NAME.overload`.
+pub fn op_name(target: &str) -> Option<&str> {
+    let rest = target.strip_prefix("aten.")?;
+    Some(rest.split_once('.').map_or(rest, |(name, _)| name))
+}
+
+/// Whether a target is one of the built-in view ops (`aten.NAME.overload`, in any overload).
+pub fn is_view(target: &str) -> bool {
+    op_name(target).is_some_and(is_view_op)
+}
+
+/// Whether an aten op name ([`op_name`]) is one of the built-in view ops: `_reshape_alias`,
+/// `_unsafe_view`, `alias`, `as_strided`, `chunk`, `detach`, `diagonal`, `expand`,
+/// `expand_as`, `flatten`, `movedim`, `narrow`, `permute`, `reshape`, `select`,
 /// `slice`, `split`, `split_with_sizes`, `squeeze`, `swapaxes`, `t`, `tensor_split`,
 /// `transpose`, `unbind`, `unflatten`, `unfold`, `unsqueeze`, `view`, `view_as`,
 /// `view_as_complex`, `view_as_real`.
-pub fn is_view(target: &str) -> bool {
-    let Some(rest) = target.strip_prefix("aten.") else {
-        return false;
-    };
+pub fn is_view_op(name: &str) -> bool {
     // Every pass asks this of every node: a `match` compiles to a length switch and a few
     // byte comparisons.
     matches!(
-        rest.split_once('.').map_or(rest, |(name, _)| name),
+        name,
         "_reshape_alias"
             | "_unsafe_view"
             | "alias"

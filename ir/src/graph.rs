@@ -525,7 +525,7 @@ mod tests {
         let mut g = Graph::new(None, GraphKind::Forward);
         let ids: Vec<NodeId> = (0..3)
             .map(|i| {
-                g.push(Node::call(&format!("n{i}"), "aten.relu.default", vec![]))
+                g.push(Node::call(format!("n{i}"), "aten.relu.default", vec![]))
                     .unwrap()
             })
             .collect();

@@ -7,7 +7,7 @@
 
 use crate::ops::CommOp;
 use serde::{Deserialize, Serialize};
-use zerosched_ir::{Arg, Dtype, Graph, NodeId, Op, TensorMeta, Val};
+use zerosched_ir::{Arg, Dtype, Graph, Node, NodeId, Op, SideTable, TensorMeta, Val, aten};
 
 /// Which collective a message is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,35 +71,48 @@ impl Default for CostModel {
 }
 
 impl CostModel {
-    /// Time of one node on the compute stream, ms. Inserted ops, views, placeholders and the
-    /// output cost nothing there.
-    pub fn compute_ms(&self, g: &Graph, id: NodeId) -> f64 {
-        let n = g.node(id);
-        if n.op != Op::CallFunction
-            || CommOp::of(n).is_some()
-            || zerosched_ir::aten::is_view(&n.target)
-        {
+    /// Time of every node of `g` on the compute stream, ms, in one pass over the program
+    /// order (which puts producers first), each value's byte size computed once. Inserted ops,
+    /// views, placeholders and the output cost nothing there.
+    pub fn compute_costs(&self, g: &Graph) -> SideTable<f64> {
+        let mut bytes = SideTable::new(g, 0u64);
+        let mut ms = SideTable::new(g, 0.0);
+        for (id, n) in g.nodes() {
+            let out = n.meta.val.as_ref().and_then(Val::nbytes).unwrap_or(0);
+            bytes[id] = out;
+            ms[id] = self.node_ms(g, id, n, out, &bytes);
+        }
+        ms
+    }
+
+    /// One node's time, `bytes` holding the output size of every earlier node.
+    fn node_ms(&self, g: &Graph, id: NodeId, n: &Node, out: u64, bytes: &SideTable<u64>) -> f64 {
+        if n.op != Op::CallFunction {
             return 0.0;
         }
-        if n.target == crate::ops::GETITEM {
+        let aten = aten::op_name(&n.target);
+        let free = match aten {
+            Some(op) => aten::is_view_op(op),
+            None => CommOp::of(n).is_some() || n.target == crate::ops::GETITEM,
+        };
+        if free {
             return 0.0;
         }
         if let Some(t) = n.meta.device_time_ms {
             return if t.is_finite() && t > 0.0 { t } else { 0.0 };
         }
-        let out = n.meta.val.as_ref().and_then(Val::nbytes).unwrap_or(0);
         let inputs: u64 = g
             .dag()
             .neighbors_directed(id, petgraph::Direction::Incoming)
-            .filter_map(|i| g.node(i).meta.val.as_ref().and_then(Val::nbytes))
+            .map(|i| bytes[i])
             .fold(0, u64::saturating_add);
-        let bytes = out.saturating_add(inputs) as f64;
-        let (flops, dtype) = matmul_flops(g, id);
+        let moved = out.saturating_add(inputs) as f64;
+        let (flops, dtype) = aten.map_or((0.0, None), |op| matmul_flops(g, op, n));
         let rate = match dtype {
             Some(Dtype::Float32 | Dtype::Float64) => self.peak_flops_fp32,
             _ => self.peak_flops,
         };
-        let t = (flops / rate).max(bytes / self.mem_bandwidth) * 1e3;
+        let t = (flops / rate).max(moved / self.mem_bandwidth) * 1e3;
         t + self.launch_ms
     }
 
@@ -173,10 +186,9 @@ fn dims(t: &TensorMeta) -> Vec<f64> {
     t.shape.iter().map(|d| d.hint() as f64).collect()
 }
 
-/// Matrix flops of the node (0 for anything that is not a matrix product) and its dtype.
-fn matmul_flops(g: &Graph, id: NodeId) -> (f64, Option<Dtype>) {
-    let n = g.node(id);
-    let op = n.target.split('.').nth(1).unwrap_or("");
+/// Matrix flops of the node, aten op `op` (0 for anything that is not a matrix product), and
+/// its dtype.
+fn matmul_flops(g: &Graph, op: &str, n: &Node) -> (f64, Option<Dtype>) {
     let (a, b) = match op {
         "mm" | "bmm" | "matmul" | "_grouped_mm" => (n.args.first(), n.args.get(1)),
         "addmm" | "baddbmm" | "addbmm" => (n.args.get(1), n.args.get(2)),

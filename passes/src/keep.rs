@@ -154,11 +154,12 @@ fn touches(g: &Graph) -> BTreeMap<&str, Touch> {
 
 /// `prefix[i]`: compute time of the nodes before position `i`.
 fn compute_prefix(g: &Graph, opts: &ScheduleOptions) -> Vec<f64> {
+    let costs = opts.cost.compute_costs(g);
     let mut out = Vec::with_capacity(g.len() + 1);
     let mut t = 0.0;
     for &id in g.order() {
         out.push(t);
-        t += opts.cost.compute_ms(g, id);
+        t += costs[id];
     }
     out.push(t);
     out

@@ -1,7 +1,6 @@
 //! Short lists per node (inputs, users, alias sources, class members) kept in one flat array,
 //! so an analysis of a 100,000-node graph makes a handful of allocations, not one per node.
 
-use petgraph::Direction;
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use zerosched_ir::{Graph, NodeId, SideTable};
 
@@ -44,6 +43,15 @@ impl PerNode {
         for (owner, _) in pairs() {
             count[owner] += 1;
         }
+        let mut p = PerNode::sized(g, &count);
+        for (owner, item) in pairs() {
+            p.push(owner, item);
+        }
+        p
+    }
+
+    /// Empty lists with room for `count[id]` items under each node.
+    fn sized(g: &Graph, count: &SideTable<u32>) -> PerNode {
         let mut p = PerNode {
             range: SideTable::new(g, (0, 0)),
             items: Vec::new(),
@@ -54,12 +62,22 @@ impl PerNode {
             at += count[id];
         }
         p.items = vec![NodeId::new(0); at as usize];
-        for (owner, item) in pairs() {
-            let end = &mut p.range[owner].1;
-            p.items[*end as usize] = item;
-            *end += 1;
-        }
         p
+    }
+
+    /// Appends `item` to `owner`'s list, within the room [`PerNode::sized`] made.
+    fn push(&mut self, owner: NodeId, item: NodeId) {
+        let end = &mut self.range[owner].1;
+        self.items[*end as usize] = item;
+        *end += 1;
+    }
+
+    /// Sorts each node's list by node index.
+    fn sort(&mut self, g: &Graph) {
+        for &id in g.order() {
+            let (lo, hi) = self.range[id];
+            self.items[lo as usize..hi as usize].sort_unstable();
+        }
     }
 
     pub fn get(&self, id: NodeId) -> &[NodeId] {
@@ -70,29 +88,34 @@ impl PerNode {
     }
 }
 
-/// Distinct producers of each node, by node index.
-pub fn inputs(g: &Graph) -> PerNode {
-    neighbors(g, Direction::Incoming)
-}
+// Neighbour lists come from passes over the edge list rather than each node's own edges,
+// which would bring every node into the cache for the two edge indexes it holds. The graph
+// keeps one edge per producer-consumer pair, so neighbours are already distinct.
 
 /// Distinct consumers of each node, by node index.
 pub fn users(g: &Graph) -> PerNode {
-    neighbors(g, Direction::Outgoing)
+    let mut p = PerNode::from_pairs(g, || {
+        g.dag().edge_references().map(|e| (e.source(), e.target()))
+    });
+    p.sort(g);
+    p
 }
 
-fn neighbors(g: &Graph, dir: Direction) -> PerNode {
-    // From one pass over the edge list rather than each node's own edges, which would bring
-    // every node into the cache for the two edge indexes it holds. The graph keeps one edge
-    // per producer-consumer pair, so neighbours are already distinct.
-    let mut p = PerNode::from_pairs(g, || {
-        g.dag().edge_references().map(|e| match dir {
-            Direction::Incoming => (e.target(), e.source()),
-            Direction::Outgoing => (e.source(), e.target()),
-        })
-    });
-    for &id in g.order() {
-        let (lo, hi) = p.range[id];
-        p.items[lo as usize..hi as usize].sort_unstable();
+/// Distinct producers of each node and distinct consumers of each node, by node index: both
+/// from the same two passes over the edge list.
+pub fn inputs_and_users(g: &Graph) -> (PerNode, PerNode) {
+    let mut fan_in: SideTable<u32> = SideTable::new(g, 0);
+    let mut fan_out: SideTable<u32> = SideTable::new(g, 0);
+    for e in g.dag().edge_references() {
+        fan_in[e.target()] += 1;
+        fan_out[e.source()] += 1;
     }
-    p
+    let (mut inputs, mut users) = (PerNode::sized(g, &fan_in), PerNode::sized(g, &fan_out));
+    for e in g.dag().edge_references() {
+        inputs.push(e.target(), e.source());
+        users.push(e.source(), e.target());
+    }
+    inputs.sort(g);
+    users.sort(g);
+    (inputs, users)
 }

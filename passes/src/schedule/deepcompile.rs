@@ -94,13 +94,12 @@ impl<'a> Ctx<'a> {
             deps: SideTable::new(g, Vec::new()),
             gather: SideTable::new(g, false),
             wait_of: SideTable::new(g, None),
-            device_time: SideTable::new(g, 0.0),
+            device_time: opts.cost.compute_costs(g),
             tensor_size: SideTable::new(g, 0),
             last_use: SideTable::new(g, None),
         };
         for (id, n) in g.nodes() {
             ctx.deps[id] = g.inputs(id);
-            ctx.device_time[id] = opts.cost.compute_ms(g, id);
             match CommOp::of(n) {
                 // A reuse of a buffer an earlier graph kept is no gather to schedule, but its
                 // size counts toward the peak. A size DeepCompile's profiler did not record

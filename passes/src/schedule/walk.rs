@@ -100,7 +100,7 @@ struct Plan {
     /// Each node's communication op, read once: the walk then never reads a node itself.
     comm: SideTable<Option<CommOp>>,
     spine: Vec<NodeId>,
-    /// Compute cost of each node, ms.
+    /// Compute cost of each spine node, ms (0 for the others).
     cost: SideTable<f64>,
     /// `prefix[i]`: total cost of `spine[..i]`.
     prefix: Vec<f64>,
@@ -122,13 +122,14 @@ struct Plan {
 
 impl Plan {
     fn build(g: &Graph, opts: &ScheduleOptions) -> Plan {
+        let (inputs, users) = per_node::inputs_and_users(g);
         let mut p = Plan {
-            inputs: per_node::inputs(g),
-            users: per_node::users(g),
+            inputs,
+            users,
             role: SideTable::new(g, Role::Spine),
             comm: SideTable::new(g, None),
             spine: Vec::new(),
-            cost: SideTable::new(g, 0.0),
+            cost: opts.cost.compute_costs(g),
             prefix: Vec::new(),
             fifo: Vec::new(),
             need_at: SideTable::new(g, usize::MAX),
@@ -192,8 +193,9 @@ impl Plan {
                 p.deps[id] = p.inputs.get(id).len();
             }
             if p.role[id] == Role::Spine {
-                p.cost[id] = opts.cost.compute_ms(g, id);
                 rest.push(id);
+            } else {
+                p.cost[id] = 0.0;
             }
         }
         p.spine.extend(rest);
@@ -475,6 +477,12 @@ impl<'a> Walk<'a> {
     /// Places `node` after everything it needs that is not yet placed (deferred nodes, and a
     /// gather not yet issued), depth first, without recursion.
     fn place(&mut self, node: NodeId) {
+        let plan = self.plan;
+        // Most compute nodes find everything they read already placed.
+        if !self.emitted[node] && plan.inputs.get(node).iter().all(|&i| self.emitted[i]) {
+            self.emit_compute(node);
+            return;
+        }
         // One buffer for every call: this runs once per compute node.
         let mut stack = std::mem::take(&mut self.stack);
         stack.push((node, false));
@@ -487,7 +495,6 @@ impl<'a> Walk<'a> {
                 continue;
             }
             stack.push((v, true));
-            let plan = self.plan;
             for &i in plan.inputs.get(v) {
                 if self.emitted[i] {
                     continue;

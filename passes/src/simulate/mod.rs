@@ -2,7 +2,7 @@
 //! memory over time (design.md, "check + simulate").
 //!
 //! The host walks the program order. Every node that is not an inserted comm op runs on the
-//! compute stream for `CostModel::compute_ms`; the walk reaches a node when the compute stream
+//! compute stream for `CostModel::compute_costs`; the walk reaches a node when the compute stream
 //! has finished everything before it, and that is when comm ops are issued. The communication
 //! stream runs gathers and reductions FIFO in program order, each starting at
 //! `max(issue, stream free)`; adjacent gathers sharing a `bucket` id are one collective of their
@@ -212,6 +212,8 @@ struct Sim<'a> {
     aliases: Aliases,
     /// Each node's inserted-op kind, looked up once (it compares target strings).
     comm: SideTable<Option<CommOp>>,
+    /// Each node's time on the compute stream, ms.
+    cost: SideTable<f64>,
     /// Bytes each allocating node allocates (gathers: the full buffer).
     bytes: SideTable<u64>,
     /// Classes freed when each node ends, as an intrusive list: `frees[u]` heads it and
@@ -257,6 +259,7 @@ impl<'a> Sim<'a> {
             g,
             opts,
             comm,
+            cost: opts.cost.compute_costs(g),
             bytes: SideTable::new(g, 0),
             frees: SideTable::new(g, None),
             next_free: SideTable::new(g, None),
@@ -377,7 +380,7 @@ impl<'a> Sim<'a> {
 
     fn compute(&mut self, id: NodeId) {
         let start = self.t_compute;
-        let dur = self.opts.cost.compute_ms(self.g, id);
+        let dur = self.cost[id];
         if self.owns_storage(id) && !matches!(self.g.node(id).op, Op::Placeholder | Op::GetAttr) {
             self.mem.alloc(start, self.bytes[id], false);
         }
