@@ -276,7 +276,7 @@ fn broken_schedule_fails_loudly() {
         .expect("a release with uses");
     let first_use = *uses.iter().min_by_key(|&&u| pos[u]).expect("use");
     let mut kwargs = g.node(release).kwargs.clone();
-    kwargs.insert("after".into(), zerosched_ir::Arg::List(vec![]));
+    kwargs.insert("after", zerosched_ir::Arg::List(vec![]));
     let args = g.node(release).args.clone();
     g.set_args(release, args, kwargs).expect("edit");
     let mut order: Vec<_> = g

@@ -184,7 +184,7 @@ impl Graph {
         &mut self,
         id: NodeId,
         args: Vec<crate::Arg<NodeId>>,
-        kwargs: std::collections::BTreeMap<crate::Str, crate::Arg<NodeId>>,
+        kwargs: crate::Kwargs,
     ) -> Result<(), Problem> {
         let mut probe = Node {
             args,

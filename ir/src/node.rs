@@ -1,8 +1,7 @@
 //! Nodes: op kind, target, arguments and metadata.
 
-use crate::{Arg, Str, Val};
+use crate::{Arg, Kwargs, Str, Val};
 use bincode::{Decode, Encode};
-use std::collections::BTreeMap;
 
 /// The FX node kinds that occur in AOT/export graphs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Encode, Decode)]
@@ -56,7 +55,7 @@ pub struct Node<R = crate::NodeId> {
     pub target: Str,
     pub args: Vec<Arg<R>>,
     /// Sorted by key, so that output never depends on the input's key order.
-    pub kwargs: BTreeMap<Str, Arg<R>>,
+    pub kwargs: Kwargs<R>,
     /// Out of line: most passes scan nodes for their op, target and arguments only, and a
     /// node that holds its metadata inline is too large for a whole graph's nodes to stay
     /// in cache.
@@ -71,7 +70,7 @@ impl<R> Node<R> {
             op: Op::CallFunction,
             target: target.into(),
             args,
-            kwargs: BTreeMap::new(),
+            kwargs: Kwargs::new(),
             meta: Box::default(),
         }
     }

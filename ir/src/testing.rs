@@ -35,12 +35,11 @@
 //! benchmarks.
 
 use crate::{
-    Arg, Dim, Dtype, Grad, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program, Str, SymInt,
-    TensorMeta, Val,
+    Arg, Dim, Dtype, Grad, Graph, GraphKind, Kwargs, Meta, Node, NodeId, Op, Param, Program, Str,
+    SymInt, TensorMeta, Val,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
-use std::collections::BTreeMap;
 
 /// Size limits and switches for the generators.
 #[derive(Clone, Debug)]
@@ -343,7 +342,7 @@ enum Block {
     GetAttr,
     Literals(Vec<Arg<NodeId>>),
     /// Literal keyword arguments under arbitrary keys.
-    Kwargs(BTreeMap<Str, Arg<NodeId>>),
+    Kwargs(Kwargs),
 }
 
 fn shape_strategy(cfg: &Config) -> BoxedStrategy<Shape> {
@@ -453,8 +452,9 @@ fn block(cfg: &Config) -> BoxedStrategy<Block> {
         ));
         choices.push((
             1,
-            proptest::collection::btree_map(text().prop_map(Str::from), literal_arg(2), 0..4)
-                .prop_map(Block::Kwargs)
+            // Pairs in any order, keys possibly repeated: `Kwargs` sorts and keeps the last.
+            vec((text().prop_map(Str::from), literal_arg(2)), 0..4)
+                .prop_map(|pairs| Block::Kwargs(pairs.into_iter().collect()))
                 .boxed(),
         ));
     }
@@ -797,8 +797,8 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
         Block::KwargLinear { persistent } => {
             let w = b.param(None, vec![h, h], *persistent);
             let mut n = Node::call("linear", "aten.linear.default", vec![Arg::Node(x)]);
-            n.kwargs.insert("weight".into(), Arg::Node(w));
-            n.kwargs.insert("bias".into(), Arg::None);
+            n.kwargs.insert("weight", Arg::Node(w));
+            n.kwargs.insert("bias", Arg::None);
             n.meta.val = Some(Val::Tensor(act.into()));
             b.push(n)
         }
@@ -809,9 +809,9 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                 "aten.scaled_dot_product_attention.default",
                 vec![Arg::Node(x), Arg::Node(x), Arg::Node(x)],
             );
-            n.kwargs.insert("attn_mask".into(), Arg::Node(mask));
-            n.kwargs.insert("is_causal".into(), Arg::Bool(false));
-            n.kwargs.insert("scale".into(), Arg::Float(0.125));
+            n.kwargs.insert("attn_mask", Arg::Node(mask));
+            n.kwargs.insert("is_causal", Arg::Bool(false));
+            n.kwargs.insert("scale", Arg::Float(0.125));
             n.meta.val = Some(Val::Tensor(act.into()));
             b.push(n)
         }
@@ -911,8 +911,8 @@ fn build_block(b: &mut Builder, blk: &Block, x: NodeId) -> NodeId {
                 "aten.var_mean.correction",
                 vec![Arg::Node(x), Arg::List(vec![Arg::Int(1)])],
             );
-            n.kwargs.insert("correction".into(), Arg::Int(0));
-            n.kwargs.insert("keepdim".into(), Arg::Bool(true));
+            n.kwargs.insert("correction", Arg::Int(0));
+            n.kwargs.insert("keepdim", Arg::Bool(true));
             n.meta.val = Some(Val::Tuple(items));
             n.meta.aliases = Some(vec![]);
             let vm = b.push(n);

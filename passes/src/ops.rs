@@ -1,12 +1,11 @@
 //! Builders for the inserted ops (their targets and keyword readers are in
 //! `zerosched_ir::comm`), and the byte size of a gathered buffer.
 
-use std::collections::BTreeMap;
 pub use zerosched_ir::comm::*;
-use zerosched_ir::{Arg, Dtype, Graph, Node, NodeId, Param, SideTable, Str};
+use zerosched_ir::{Arg, Dtype, Graph, Kwargs, Node, NodeId, Param, SideTable};
 
-fn kwargs(pairs: Vec<(&str, Arg<NodeId>)>) -> BTreeMap<Str, Arg<NodeId>> {
-    pairs.into_iter().map(|(k, v)| (Str::from(k), v)).collect()
+fn kwargs(pairs: Vec<(&str, Arg<NodeId>)>) -> Kwargs {
+    pairs.into_iter().collect()
 }
 
 fn call(
@@ -57,7 +56,7 @@ pub fn release(g: &Graph, value: NodeId, param: &str, after: &[NodeId]) -> Node 
 }
 
 /// A release's keywords: the parameter and the uses it must follow.
-pub fn release_kwargs(param: &str, after: &[NodeId]) -> BTreeMap<Str, Arg<NodeId>> {
+pub fn release_kwargs(param: &str, after: &[NodeId]) -> Kwargs {
     let after = Arg::List(after.iter().map(|&u| Arg::Node(u)).collect());
     kwargs(vec![
         ("param", Arg::Str(param.to_owned())),

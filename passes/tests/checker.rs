@@ -3,11 +3,11 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use zerosched_ir::comm::{self, CommOp};
 use zerosched_ir::{Arg, Dim, Dtype, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program};
-use zerosched_ir::{Str, TensorMeta, Val};
+use zerosched_ir::{Kwargs, Str, TensorMeta, Val};
 use zerosched_passes::checker::{
     CheckOptions, CheckReport, Violation, Violations, check_graph, check_program,
 };
@@ -600,7 +600,7 @@ fn move_after(g: &mut Graph, node: NodeId, after: NodeId) {
 fn set_kwarg(g: &mut Graph, id: NodeId, key: &str, value: Arg<NodeId>) {
     let x = g.node(id);
     let (args, mut kwargs) = (x.args.clone(), x.kwargs.clone());
-    kwargs.insert(key.into(), value);
+    kwargs.insert(key, value);
     g.set_args(id, args, kwargs).expect("valid references");
 }
 
@@ -874,7 +874,7 @@ fn rejects_a_missing_reduction() {
     let output = g.output().expect("an output");
     let mut values = g.output_values().to_vec();
     values[1] = n(named(&g, "gw1"));
-    g.set_args(output, vec![Arg::List(values)], BTreeMap::new())
+    g.set_args(output, vec![Arg::List(values)], Kwargs::new())
         .expect("valid references");
     let v = reject(&g, u64::MAX);
     assert!(
@@ -896,7 +896,7 @@ fn rejects_a_duplicate_reduction() {
     move_after(&mut g, again, reduce);
     let mut list = g.node(end).args[0].as_list().expect("a list").to_vec();
     list.push(n(again));
-    g.set_args(end, vec![Arg::List(list)], BTreeMap::new())
+    g.set_args(end, vec![Arg::List(list)], Kwargs::new())
         .expect("valid references");
     let v = reject(&g, u64::MAX);
     assert!(

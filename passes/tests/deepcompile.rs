@@ -183,7 +183,7 @@ fn kwarg_param() -> Graph {
         "aten.scaled_dot_product_attention.default",
         vec![Arg::Node(q), Arg::Node(act), Arg::Node(act)],
     );
-    attn.kwargs.insert("attn_mask".into(), Arg::Node(mask));
+    attn.kwargs.insert("attn_mask", Arg::Node(mask));
     let attn = b.node(attn, &[4, 16]);
     b.output(&[attn])
 }

@@ -205,7 +205,7 @@ fn two_gathers(bucketed: bool) -> Graph {
         for &id in &gathers {
             let n = g.node(id);
             let (args, mut kwargs) = (n.args.clone(), n.kwargs.clone());
-            kwargs.insert("bucket".into(), Arg::Int(7));
+            kwargs.insert("bucket", Arg::Int(7));
             g.set_args(id, args, kwargs).unwrap();
         }
     }
@@ -307,7 +307,7 @@ fn an_unsharded_gradient_is_all_reduced() {
     let r = find(&g, CommOp::ReduceGrad)[1];
     let n = g.node(r);
     let (args, mut kwargs) = (n.args.clone(), n.kwargs.clone());
-    kwargs.insert("sharded".into(), Arg::Bool(false));
+    kwargs.insert("sharded", Arg::Bool(false));
     g.set_args(r, args, kwargs).unwrap();
     let s = sim(&g);
     // An all-reduce moves twice the bytes: 1 + 2 × 1 ms.

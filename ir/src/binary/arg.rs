@@ -5,10 +5,11 @@
 //! claims against the decode limit, and nesting is bounded the same way.
 
 use super::wire::Wire;
-use crate::{Arg, Dtype, Str, SymInt};
+use crate::{Arg, Dtype, Kwargs, Str, SymInt};
 use bincode::de::{BorrowDecoder, Decoder};
-use bincode::error::{AllowedEnumVariants, DecodeError};
-use bincode::{BorrowDecode, Decode};
+use bincode::enc::Encoder;
+use bincode::error::{AllowedEnumVariants, DecodeError, EncodeError};
+use bincode::{BorrowDecode, Decode, Encode};
 use std::cell::Cell;
 
 /// The primitives an ARG is made of, each read as bincode's standard configuration writes it.
@@ -212,4 +213,48 @@ impl<'de, Context, R: BorrowDecode<'de, Context>> BorrowDecode<'de, Context> for
     ) -> Result<Self, DecodeError> {
         read(&mut Bincode(d), &mut |s| R::borrow_decode(s.0))
     }
+}
+
+// `Kwargs` travels as the map it is: a length, then each key and value, as bincode encodes a
+// `BTreeMap<Str, Arg<R>>`, and decodes as that map does (claims included; a repeated key
+// keeps its last value).
+impl<R: Encode> Encode for Kwargs<R> {
+    fn encode<E: Encoder>(&self, e: &mut E) -> Result<(), EncodeError> {
+        (self.len() as u64).encode(e)?;
+        for (k, a) in self.iter() {
+            k.encode(e)?;
+            a.encode(e)?;
+        }
+        Ok(())
+    }
+}
+
+impl<Context, R: Decode<Context>> Decode<Context> for Kwargs<R> {
+    fn decode<D: Decoder<Context = Context>>(d: &mut D) -> Result<Self, DecodeError> {
+        decode_kwargs(d, |d| Ok((Str::decode(d)?, Arg::decode(d)?)))
+    }
+}
+
+impl<'de, Context, R: BorrowDecode<'de, Context>> BorrowDecode<'de, Context> for Kwargs<R> {
+    fn borrow_decode<D: BorrowDecoder<'de, Context = Context>>(
+        d: &mut D,
+    ) -> Result<Self, DecodeError> {
+        decode_kwargs(d, |d| Ok((Str::borrow_decode(d)?, Arg::borrow_decode(d)?)))
+    }
+}
+
+fn decode_kwargs<D: Decoder, R>(
+    d: &mut D,
+    mut pair: impl FnMut(&mut D) -> Result<(Str, Arg<R>), DecodeError>,
+) -> Result<Kwargs<R>, DecodeError> {
+    let len = u64::decode(d)?;
+    let len = usize::try_from(len).map_err(|_| DecodeError::OutsideUsizeRange(len))?;
+    d.claim_container_read::<(Str, Arg<R>)>(len)?;
+    // Grown as pairs arrive, not reserved: a length is only a claim until the input backs it.
+    let mut pairs = Vec::new();
+    for _ in 0..len {
+        d.unclaim_bytes_read(std::mem::size_of::<(Str, Arg<R>)>());
+        pairs.push(pair(d)?);
+    }
+    Ok(Kwargs::from_pairs(pairs))
 }

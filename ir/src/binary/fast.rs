@@ -14,11 +14,10 @@ use super::assemble::Assembly;
 use super::wire::Wire;
 use super::{BinNode, Tables, shared};
 use crate::{
-    Arg, Diagnostics, Form, Grad, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program, Str,
-    TensorMeta, Val, verify,
+    Arg, Diagnostics, Form, Grad, Graph, GraphKind, Kwargs, Meta, Node, NodeId, Op, Param, Program,
+    Str, TensorMeta, Val, verify,
 };
 use rayon::prelude::*;
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 // The fast path claims `Arg<u32>`s where it builds `Arg<NodeId>`s: the same size, so the
@@ -188,12 +187,10 @@ fn node(w: &mut Wire, pos: usize, tables: &Tables) -> Option<Node> {
     let target = tables.targets.get(w.u32()? as usize)?.clone();
     let args = list::<Arg<u32>, _>(w, |w| arg::read(w, &mut node_ref).ok())?;
     // A repeated key keeps its last value, as bincode's map does.
-    let mut kwargs = BTreeMap::new();
-    list::<(Str, Arg<u32>), _>(w, |w| {
+    let kwargs = Kwargs::from_pairs(list::<(Str, Arg<u32>), _>(w, |w| {
         let key = Str::from(w.str()?);
-        kwargs.insert(key, arg::read(w, &mut node_ref).ok()?);
-        Some(())
-    })?;
+        Some((key, arg::read(w, &mut node_ref).ok()?))
+    })?);
     let val = option(w, |w| val(w, tables))?;
     let aliases = option(w, |w| list::<u32, _>(w, Wire::u32))?;
     let mutates = option(w, |w| list::<u32, _>(w, Wire::u32))?;

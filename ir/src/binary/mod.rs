@@ -7,12 +7,11 @@
 //! hostile file gives an error, never a panic or a huge allocation.
 
 use crate::{
-    Arg, Diagnostics, Form, Grad, Graph, GraphKind, ImportError, Location, Meta, Node, NodeId, Op,
-    Param, Problem, Program, Str, SymInt, TensorMeta, Val,
+    Arg, Diagnostics, Form, Grad, Graph, GraphKind, ImportError, Kwargs, Location, Meta, Node,
+    NodeId, Op, Param, Problem, Program, Str, SymInt, TensorMeta, Val,
 };
 use bincode::{Decode, Encode};
 use rayon::prelude::*;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// `ZSGRAPH` and a byte that no text encoding of JSON starts with.
@@ -66,7 +65,7 @@ struct BinNode {
     /// Index into the graph's `targets`.
     target: u32,
     args: Vec<Arg<u32>>,
-    kwargs: BTreeMap<Str, Arg<u32>>,
+    kwargs: Kwargs<u32>,
     val: Option<BinVal>,
     aliases: Option<Vec<u32>>,
     mutates: Option<Vec<u32>>,
@@ -337,7 +336,7 @@ fn decode_graph(bg: BinGraph, nodes: Vec<BinNode>, i: usize) -> Result<Graph, Di
                     .kwargs
                     .iter()
                     .map(|(k, a)| Ok((k.clone(), a.try_map_refs(&mut check)?)))
-                    .collect::<Result<BTreeMap<_, _>, u32>>()?;
+                    .collect::<Result<Kwargs, u32>>()?;
                 Ok((args, kwargs))
             });
         let (args, kwargs) = match refs {
@@ -460,7 +459,7 @@ mod tests {
             op,
             target,
             args,
-            kwargs: BTreeMap::new(),
+            kwargs: Kwargs::new(),
             val,
             aliases: None,
             mutates: None,

@@ -14,12 +14,11 @@
 
 use super::arg_serde::{ArgSeed, ArgsSeed, ReadRef};
 use crate::{
-    Dim, Dtype, Grad, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program, Str, SymInt,
-    TensorMeta, Val,
+    Dim, Dtype, Grad, Graph, GraphKind, Kwargs, Meta, Node, NodeId, Op, Param, Program, Str,
+    SymInt, TensorMeta, Val,
 };
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
-use std::collections::BTreeMap;
 use std::fmt;
 
 /// The document, or `None` if the careful path must decide.
@@ -506,7 +505,7 @@ impl<'de> Visitor<'de> for NodeSeed<'_, 'de> {
         let resolve = Resolve(self.graph);
         let (mut name, mut op, mut target): (Option<Str>, _, Option<Str>) = (None, None, None);
         let mut args = Vec::new();
-        let mut kwargs = BTreeMap::new();
+        let mut kwargs = Kwargs::new();
         let mut meta = Meta::default();
         while let Some(key) = map.next_key_seed(Key(NODE_KEYS))? {
             let Some(k) = key else {
@@ -562,25 +561,27 @@ impl<'de> ReadRef<'de> for Resolve<'_> {
 struct KwargsSeed<'g>(Resolve<'g>);
 
 impl<'de> DeserializeSeed<'de> for KwargsSeed<'_> {
-    type Value = BTreeMap<Str, crate::Arg<NodeId>>;
+    type Value = Kwargs;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_map(self)
     }
 }
 
 impl<'de> Visitor<'de> for KwargsSeed<'_> {
-    type Value = BTreeMap<Str, crate::Arg<NodeId>>;
+    type Value = Kwargs;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a map")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut out = BTreeMap::new();
+        let mut pairs = Vec::new();
         while let Some(k) = map.next_key::<Str>()? {
-            let a = map.next_value_seed(ArgSeed(self.0))?;
-            // The careful path keeps the last of repeated keys; not worth matching.
-            if out.insert(k, a).is_some() {
-                return Err(give_up());
-            }
+            pairs.push((k, map.next_value_seed(ArgSeed(self.0))?));
+        }
+        let read = pairs.len();
+        let out = Kwargs::from_pairs(pairs);
+        // The careful path keeps the last of repeated keys; not worth matching.
+        if out.len() != read {
+            return Err(give_up());
         }
         Ok(out)
     }

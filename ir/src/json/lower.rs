@@ -115,15 +115,16 @@ fn graph(doc: RawGraph, label: &str) -> Result<Graph, Diagnostics> {
             path.push_str(&format!("args[{ai}]"));
             args.push(resolver.arg(a, &mut path, &mut |f, p| d.push(at(f), p)));
         }
-        let mut kwargs = std::collections::BTreeMap::new();
-        for (k, a) in &n.kwargs {
-            path.clear();
-            path.push_str(&format!("kwargs.{k}"));
-            kwargs.insert(
-                k.into(),
-                resolver.arg(a, &mut path, &mut |f, p| d.push(at(f), p)),
-            );
-        }
+        let kwargs: crate::Kwargs<usize> = n
+            .kwargs
+            .iter()
+            .map(|(k, a)| {
+                path.clear();
+                path.push_str(&format!("kwargs.{k}"));
+                let a = resolver.arg(a, &mut path, &mut |f, p| d.push(at(f), p));
+                (k, a)
+            })
+            .collect();
         let val = match n.meta.val.as_ref().map(values::val).transpose() {
             Ok(v) => v.flatten(),
             Err((f, p)) => {

@@ -85,7 +85,7 @@ pub(super) fn run(
         for m in members {
             let n = g.node(m);
             let (args, mut kwargs) = (n.args.clone(), n.kwargs.clone());
-            kwargs.insert("bucket".into(), Arg::Int(id as i64));
+            kwargs.insert("bucket", Arg::Int(id as i64));
             g.set_args(m, args, kwargs).map_err(bad)?;
         }
     }
