@@ -142,8 +142,10 @@ impl Drop for Nesting {
 }
 
 /// Reads one ARG as `#[derive(Decode)]` would, with `node` reading a reference. The usual
-/// ones, a reference or a scalar, inline into the caller's loop; the rest take a call.
-#[inline]
+/// ones, a reference or a scalar, are read inline in the caller's loop, so the value is built
+/// where the caller keeps it rather than returned through memory and copied; the rest take a
+/// call.
+#[inline(always)]
 pub(super) fn read<S: Source, R>(
     s: &mut S,
     node: &mut impl FnMut(&mut S) -> Result<R, S::Error>,

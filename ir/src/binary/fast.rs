@@ -99,13 +99,26 @@ fn list_from<'a, B, T>(
     first: usize,
     mut item: impl FnMut(&mut Wire<'a>, usize) -> Option<T>,
 ) -> Option<Vec<T>> {
+    list_pushed::<B, T>(w, first, |w, i, out| {
+        out.push(item(w, i)?);
+        Some(())
+    })
+}
+
+/// [`list_from`] with `push` appending each item to the list itself, so that a large item is
+/// built where it is kept instead of being passed back through an `Option` and moved.
+fn list_pushed<'a, B, T>(
+    w: &mut Wire<'a>,
+    first: usize,
+    mut push: impl FnMut(&mut Wire<'a>, usize, &mut Vec<T>) -> Option<()>,
+) -> Option<Vec<T>> {
     let len = w.len()?;
     w.claim_items::<B>(len)?;
     // Every item takes a byte at least: a length no input backs reserves nothing.
     let mut out = Vec::with_capacity(len.min(w.remaining()));
     for i in 0..len {
         w.unclaim_item::<B>();
-        out.push(item(w, first.checked_add(i)?)?);
+        push(w, first.checked_add(i)?, &mut out)?;
     }
     Some(out)
 }
@@ -145,19 +158,19 @@ impl<'a> Parts<'a> {
     }
 
     /// The nodes of one chunk, the first at program position `first`. The verifier's checks
-    /// of each node on its own run here too, while the node is at hand and on every core, so
-    /// that the program needs only the checks over whole graphs after.
+    /// of each node on its own run here too, once the chunk is read and while its nodes are in
+    /// cache, on every core, so that the program needs only the checks over whole graphs after.
     fn decode(&self, first: usize, chunk: &[u8]) -> Option<Vec<Node>> {
         let mut w = Wire::new(chunk);
         let tables = self.tables();
         let mut sound = verify::SoundTensors::default();
         let mut problems = Diagnostics::default();
-        let nodes = list_from::<BinNode, _>(&mut w, first, |w, pos| {
-            let n = node(w, pos, &tables)?;
-            verify::node_fields("", &n, &mut sound, &mut problems);
-            problems.0.is_empty().then_some(n)
-        })?;
-        (w.remaining() == 0).then_some(nodes)
+        let nodes =
+            list_pushed::<BinNode, _>(&mut w, first, |w, pos, out| node(w, pos, &tables, out))?;
+        for n in &nodes {
+            verify::node_fields("", n, &mut sound, &mut problems);
+        }
+        (w.remaining() == 0 && problems.0.is_empty()).then_some(nodes)
     }
 
     /// The graph `g`, its nodes all added, with its parameters and gradients.
@@ -176,8 +189,8 @@ impl<'a> Parts<'a> {
 }
 
 /// Node `pos` of its graph, with references to earlier nodes only and its target and tensors
-/// taken from the graph's tables.
-fn node(w: &mut Wire, pos: usize, tables: &Tables) -> Option<Node> {
+/// taken from the graph's tables, appended to `out`.
+fn node(w: &mut Wire, pos: usize, tables: &Tables, out: &mut Vec<Node>) -> Option<()> {
     let mut node_ref = |w: &mut Wire| match w.u32() {
         Some(r) if (r as usize) < pos => Ok(NodeId::new(r as usize)),
         _ => Err(()),
@@ -195,7 +208,7 @@ fn node(w: &mut Wire, pos: usize, tables: &Tables) -> Option<Node> {
     let aliases = option(w, |w| list::<u32, _>(w, Wire::u32))?;
     let mutates = option(w, |w| list::<u32, _>(w, Wire::u32))?;
     let device_time_ms = option(w, Wire::f64)?;
-    Some(Node {
+    out.push(Node {
         name,
         op,
         target,
@@ -207,7 +220,8 @@ fn node(w: &mut Wire, pos: usize, tables: &Tables) -> Option<Node> {
             mutates,
             device_time_ms,
         }),
-    })
+    });
+    Some(())
 }
 
 /// [`super::BinVal`], its tensors taken from the graph's table.
