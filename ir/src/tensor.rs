@@ -94,8 +94,13 @@ impl Val {
 
     /// Total bytes of the tensors this value holds; `None` on overflow.
     pub fn nbytes(&self) -> Option<u64> {
-        self.tensors()
-            .try_fold(0u64, |acc, t| acc.checked_add(t.nbytes()?))
+        match self {
+            // Most values are one tensor: no iterator over the general case.
+            Val::Tensor(t) => t.nbytes(),
+            _ => self
+                .tensors()
+                .try_fold(0u64, |acc, t| acc.checked_add(t.nbytes()?)),
+        }
     }
 }
 
