@@ -356,7 +356,7 @@ impl<'g> Plan<'g> {
         }
         let (free_start, frees) = csr(&free_lists);
         let mut input_lists: Vec<Vec<(u32, bool)>> = vec![Vec::new(); bound];
-        for (id, _) in g.nodes() {
+        for &id in g.order() {
             input_lists[id.index()] = g
                 .inputs(id)
                 .into_iter()
@@ -365,7 +365,7 @@ impl<'g> Plan<'g> {
         }
         let (in_start, inputs) = csr(&input_lists);
         let mut member_lists: Vec<Vec<u32>> = vec![Vec::new(); bound];
-        for (id, _) in g.nodes() {
+        for &id in g.order() {
             if aliases.class(id) == Some(id) {
                 member_lists[id.index()] = aliases
                     .members(id)

@@ -333,7 +333,7 @@ pub(super) fn build(g: &Graph, scope: Scope, budget: u64, world: u32) -> Built {
             originals.push((id, enode));
         }
     }
-    for (id, _) in g.nodes() {
+    for &id in g.order() {
         let Some(class) = class_of[id] else {
             continue;
         };

@@ -225,7 +225,7 @@ impl Plan {
             }
         }
         // Gathers no compute node needs still get issued (last, in program order).
-        for (id, _) in g.nodes() {
+        for &id in g.order() {
             if p.role[id] == Role::Gather && p.need_at[id] == usize::MAX {
                 p.fifo.push(id);
             }
