@@ -231,6 +231,118 @@ fn attention_flops(g: &Graph, args: &[Arg<NodeId>], factor: f64) -> (f64, Option
 mod tests {
     use super::*;
 
+    /// `x [64,128] bf16`, `w [256,128] bf16` placeholders; `t = t(w)`, `y = mm(x, t)`,
+    /// `z = relu(y)`, `k = cos(z)` with a measured time, `o = zerosched.wait(z)`, `output`.
+    fn small() -> (Graph, Vec<NodeId>) {
+        use std::sync::Arc;
+        use zerosched_ir::{Dim, GraphKind, Kwargs, Meta};
+        let tensor = |shape: &[u64]| {
+            let dims = shape.iter().map(|&d| Dim::Const(d)).collect();
+            Some(Val::Tensor(Arc::new(TensorMeta::new(
+                dims,
+                Dtype::BFloat16,
+            ))))
+        };
+        let mut g = Graph::new(None, GraphKind::Forward);
+        let mut add = |name: &str, op: Op, target: &str, args: Vec<NodeId>, val, ms| {
+            let node = Node {
+                name: name.into(),
+                op,
+                target: target.into(),
+                args: args.into_iter().map(Arg::Node).collect(),
+                kwargs: Kwargs::new(),
+                meta: Box::new(Meta {
+                    val,
+                    device_time_ms: ms,
+                    ..Meta::default()
+                }),
+            };
+            g.push(node).unwrap()
+        };
+        let call = Op::CallFunction;
+        let x = add("x", Op::Placeholder, "x", vec![], tensor(&[64, 128]), None);
+        let w = add("w", Op::Placeholder, "w", vec![], tensor(&[256, 128]), None);
+        let t = add(
+            "t",
+            call,
+            "aten.t.default",
+            vec![w],
+            tensor(&[128, 256]),
+            None,
+        );
+        let y = add(
+            "y",
+            call,
+            "aten.mm.default",
+            vec![x, t],
+            tensor(&[64, 256]),
+            None,
+        );
+        let z = add(
+            "z",
+            call,
+            "aten.relu.default",
+            vec![y],
+            tensor(&[64, 256]),
+            None,
+        );
+        let k = add(
+            "k",
+            call,
+            "aten.cos.default",
+            vec![z],
+            tensor(&[64, 256]),
+            Some(2.5),
+        );
+        let o = add(
+            "o",
+            call,
+            "zerosched.wait.default",
+            vec![z],
+            tensor(&[64, 256]),
+            None,
+        );
+        let ids = vec![x, w, t, y, z, k, o];
+        (g, ids)
+    }
+
+    #[test]
+    fn compute_costs_price_matmuls_by_flops_and_the_rest_by_bytes_moved() {
+        let m = CostModel {
+            peak_flops: 1e12,
+            mem_bandwidth: 1e9,
+            launch_ms: 0.5,
+            ..CostModel::default()
+        };
+        let (g, ids) = small();
+        let c = m.compute_costs(&g);
+        let [x, w, t, y, z, k, o] = ids[..] else {
+            unreachable!()
+        };
+        // Placeholders, views and inserted ops cost nothing.
+        for free in [x, w, t, o] {
+            assert_eq!(c[free], 0.0, "{}", g.node(free).name);
+        }
+        // mm: 2 * 64 * 128 * 256 flops at 1e12/s against (64*128 + 128*256 + 64*256) * 2
+        // bytes at 1e9/s: the bytes bound, since this machine is slow at moving them.
+        let flops_ms = 2.0 * 64.0 * 128.0 * 256.0 / 1e12 * 1e3;
+        let bytes_ms = ((64 * 128 + 128 * 256 + 64 * 256) * 2) as f64 / 1e9 * 1e3;
+        assert!(bytes_ms > flops_ms);
+        assert!((c[y] - (bytes_ms + 0.5)).abs() < 1e-12, "{}", c[y]);
+        // relu reads y and writes z.
+        let relu_ms = (2 * 64 * 256 * 2) as f64 / 1e9 * 1e3 + 0.5;
+        assert!((c[z] - relu_ms).abs() < 1e-12, "{}", c[z]);
+        // A measured time stands as it is.
+        assert_eq!(c[k], 2.5);
+        // With memory fast enough, the matmul's flops bound instead.
+        let fast = CostModel {
+            mem_bandwidth: 1e18,
+            ..m
+        };
+        let c = fast.compute_costs(&g);
+        assert!((c[y] - (flops_ms + 0.5)).abs() < 1e-12, "{}", c[y]);
+    }
+
     #[test]
     fn alpha_beta_is_ring_and_table_interpolates() {
         let m = CostModel::default();
