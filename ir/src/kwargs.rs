@@ -25,6 +25,26 @@ impl<R> Kwargs<R> {
         Kwargs::default()
     }
 
+    /// From pairs in any order; where a key repeats, the last value stands, as for a map that
+    /// inserts them in turn.
+    pub fn from_pairs(mut pairs: Vec<(Str, Arg<R>)>) -> Kwargs<R> {
+        // Documents spell keywords sorted: check before sorting.
+        if !pairs.is_sorted_by(|(a, _), (b, _)| a < b) {
+            // Stable, so that among equal keys the one read last comes last; `dedup_by` keeps
+            // the first of a run, so each later value is swapped into its place first.
+            pairs.sort_by(|(a, _), (b, _)| a.cmp(b));
+            pairs.dedup_by(|later, kept| {
+                let same = later.0 == kept.0;
+                if same {
+                    std::mem::swap(later, kept);
+                }
+                same
+            });
+        }
+        pairs.shrink_to_fit();
+        Kwargs(pairs)
+    }
+
     fn find<Q: Ord + ?Sized>(&self, key: &Q) -> Result<usize, usize>
     where
         Str: Borrow<Q>,
@@ -71,58 +91,12 @@ impl<R> Kwargs<R> {
     pub fn values(&self) -> impl ExactSizeIterator<Item = &Arg<R>> {
         self.0.iter().map(|(_, a)| a)
     }
-
-    /// The pairs in key order, as a slice.
-    pub fn as_slice(&self) -> &[(Str, Arg<R>)] {
-        &self.0
-    }
-}
-
-impl<R> Kwargs<R> {
-    /// From pairs in any order; where a key repeats, the last value stands, as for a map that
-    /// inserts them in turn.
-    pub fn from_pairs(mut pairs: Vec<(Str, Arg<R>)>) -> Kwargs<R> {
-        // Documents spell keywords sorted: check before sorting.
-        if !pairs.is_sorted_by(|(a, _), (b, _)| a < b) {
-            // Stable, so that among equal keys the one read last comes last; `dedup_by` keeps
-            // the first of a run, so each later value is swapped into its place first.
-            pairs.sort_by(|(a, _), (b, _)| a.cmp(b));
-            pairs.dedup_by(|later, kept| {
-                let same = later.0 == kept.0;
-                if same {
-                    std::mem::swap(later, kept);
-                }
-                same
-            });
-        }
-        pairs.shrink_to_fit();
-        Kwargs(pairs)
-    }
 }
 
 /// [`Kwargs::from_pairs`].
 impl<R, K: Into<Str>> FromIterator<(K, Arg<R>)> for Kwargs<R> {
     fn from_iter<I: IntoIterator<Item = (K, Arg<R>)>>(pairs: I) -> Kwargs<R> {
         Kwargs::from_pairs(pairs.into_iter().map(|(k, a)| (k.into(), a)).collect())
-    }
-}
-
-impl<R> IntoIterator for Kwargs<R> {
-    type Item = (Str, Arg<R>);
-    type IntoIter = std::vec::IntoIter<(Str, Arg<R>)>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
-    }
-}
-
-impl<'a, R> IntoIterator for &'a Kwargs<R> {
-    type Item = (&'a Str, &'a Arg<R>);
-    type IntoIter = std::iter::Map<
-        std::slice::Iter<'a, (Str, Arg<R>)>,
-        fn(&'a (Str, Arg<R>)) -> (&'a Str, &'a Arg<R>),
-    >;
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.iter().map(|(k, a)| (k, a))
     }
 }
 
