@@ -232,78 +232,38 @@ mod tests {
     use super::*;
 
     /// `x [64,128] bf16`, `w [256,128] bf16` placeholders; `t = t(w)`, `y = mm(x, t)`,
-    /// `z = relu(y)`, `k = cos(z)` with a measured time, `o = zerosched.wait(z)`, `output`.
+    /// `z = relu(y)`, `k = cos(z)` with a measured time, `o = zerosched.wait(z)`.
     fn small() -> (Graph, Vec<NodeId>) {
         use std::sync::Arc;
-        use zerosched_ir::{Dim, GraphKind, Kwargs, Meta};
-        let tensor = |shape: &[u64]| {
+        use zerosched_ir::{Dim, GraphKind};
+        let mut g = Graph::new(None, GraphKind::Forward);
+        let mut add = |name: &str, target: &str, args: &[NodeId], shape: [u64; 2]| {
+            let op = if args.is_empty() {
+                Op::Placeholder
+            } else {
+                Op::CallFunction
+            };
+            let args = args.iter().map(|&a| Arg::Node(a)).collect();
+            let mut node = Node {
+                op,
+                ..Node::call(name, target, args)
+            };
             let dims = shape.iter().map(|&d| Dim::Const(d)).collect();
-            Some(Val::Tensor(Arc::new(TensorMeta::new(
+            node.meta.val = Some(Val::Tensor(Arc::new(TensorMeta::new(
                 dims,
                 Dtype::BFloat16,
-            ))))
-        };
-        let mut g = Graph::new(None, GraphKind::Forward);
-        let mut add = |name: &str, op: Op, target: &str, args: Vec<NodeId>, val, ms| {
-            let node = Node {
-                name: name.into(),
-                op,
-                target: target.into(),
-                args: args.into_iter().map(Arg::Node).collect(),
-                kwargs: Kwargs::new(),
-                meta: Box::new(Meta {
-                    val,
-                    device_time_ms: ms,
-                    ..Meta::default()
-                }),
-            };
+            ))));
             g.push(node).unwrap()
         };
-        let call = Op::CallFunction;
-        let x = add("x", Op::Placeholder, "x", vec![], tensor(&[64, 128]), None);
-        let w = add("w", Op::Placeholder, "w", vec![], tensor(&[256, 128]), None);
-        let t = add(
-            "t",
-            call,
-            "aten.t.default",
-            vec![w],
-            tensor(&[128, 256]),
-            None,
-        );
-        let y = add(
-            "y",
-            call,
-            "aten.mm.default",
-            vec![x, t],
-            tensor(&[64, 256]),
-            None,
-        );
-        let z = add(
-            "z",
-            call,
-            "aten.relu.default",
-            vec![y],
-            tensor(&[64, 256]),
-            None,
-        );
-        let k = add(
-            "k",
-            call,
-            "aten.cos.default",
-            vec![z],
-            tensor(&[64, 256]),
-            Some(2.5),
-        );
-        let o = add(
-            "o",
-            call,
-            "zerosched.wait.default",
-            vec![z],
-            tensor(&[64, 256]),
-            None,
-        );
-        let ids = vec![x, w, t, y, z, k, o];
-        (g, ids)
+        let x = add("x", "x", &[], [64, 128]);
+        let w = add("w", "w", &[], [256, 128]);
+        let t = add("t", "aten.t.default", &[w], [128, 256]);
+        let y = add("y", "aten.mm.default", &[x, t], [64, 256]);
+        let z = add("z", "aten.relu.default", &[y], [64, 256]);
+        let k = add("k", "aten.cos.default", &[z], [64, 256]);
+        let o = add("o", "zerosched.wait.default", &[z], [64, 256]);
+        g.meta_mut(k).device_time_ms = Some(2.5);
+        (g, vec![x, w, t, y, z, k, o])
     }
 
     #[test]
