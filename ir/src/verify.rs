@@ -2,9 +2,9 @@
 //! first (Cranelift's verifier is the model). Importers run it; the pass manager runs it
 //! between passes.
 
-use crate::{Diagnostics, Graph, Location, Node, NodeId, Op, Problem, Program, Val};
+use crate::{Diagnostics, Graph, Location, Node, NodeId, Op, Param, Problem, Program, Val};
+use hashbrown::HashMap;
 use rayon::prelude::*;
-use std::collections::HashMap;
 
 /// Verifies every graph of a program and that graphs agree on shared parameters.
 pub fn program(p: &Program) -> Result<(), Diagnostics> {
@@ -38,27 +38,36 @@ fn check_program(p: &Program, nodes: Nodes) -> Result<(), Diagnostics> {
         })
         .collect();
     let mut d = Diagnostics(found.into_iter().flat_map(|d| d.0).collect());
-    for (name, places) in p.params_by_name() {
-        let Some(&(g0, p0)) = places.first() else {
-            continue;
-        };
-        let first = &p.graphs[g0].params[p0];
-        for &(gi, pi) in &places[1..] {
-            let other = &p.graphs[gi].params[pi];
-            if other.shape != first.shape || other.dtype != first.dtype {
-                d.push(
-                    Location::graph_field(p.graphs[gi].label(), format!("params[{pi}]")),
-                    Problem::ParamMismatch {
-                        name: name.to_owned(),
-                        found: describe(&other.shape, other.dtype),
-                        expected: describe(&first.shape, first.dtype),
-                        graph: p.graphs[g0].label().to_owned(),
-                    },
-                );
+    check_params_agree(p, &mut d);
+    d.into_result()
+}
+
+/// Each parameter against the first one of the same name, in program order: a program's
+/// graphs must agree on its shape and dtype. Reported by name, then place.
+fn check_params_agree(p: &Program, d: &mut Diagnostics) {
+    // Lookups only, so the hasher's seed never reaches a message.
+    let mut first: HashMap<&str, (&Graph, &Param)> = HashMap::new();
+    let mut mismatches = Vec::new();
+    for (gi, g) in p.graphs.iter().enumerate() {
+        for (pi, other) in g.params.iter().enumerate() {
+            let (g0, f) = *first.entry(other.name.as_str()).or_insert((g, other));
+            if other.shape != f.shape || other.dtype != f.dtype {
+                mismatches.push((other.name.as_str(), gi, pi, g, other, g0, f));
             }
         }
     }
-    d.into_result()
+    mismatches.sort_unstable_by_key(|&(name, gi, pi, ..)| (name, gi, pi));
+    for (name, _, pi, g, other, g0, f) in mismatches {
+        d.push(
+            Location::graph_field(g.label(), format!("params[{pi}]")),
+            Problem::ParamMismatch {
+                name: name.to_owned(),
+                found: describe(&other.shape, other.dtype),
+                expected: describe(&f.shape, f.dtype),
+                graph: g0.label().to_owned(),
+            },
+        );
+    }
 }
 
 /// Verifies one graph.
