@@ -18,6 +18,7 @@ use crate::{
     Str, TensorMeta, Val, verify,
 };
 use rayon::prelude::*;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 // The fast path claims `Arg<u32>`s where it builds `Arg<NodeId>`s: the same size, so the
@@ -38,13 +39,19 @@ pub(super) fn program(payload: &[u8]) -> Option<Program> {
         .map(Parts::read)
         .collect::<Option<Vec<_>>>()?;
     // Then every chunk of every graph, each knowing the position of its first node, taken in
-    // program order by every core and added to its graph as soon as it is next in order.
+    // program order by every core and added to its graph as soon as it is next in order; each
+    // graph's parameters and gradient map last, while the last chunks are being added.
     let mut jobs = Vec::new();
     let mut assemblies = Vec::with_capacity(parts.len());
     for (gi, part) in parts.iter().enumerate() {
         let (mut first, mut room) = (0usize, 0usize);
         for (ci, &chunk) in part.chunks.iter().enumerate() {
-            jobs.push((gi, ci, first, chunk));
+            jobs.push(Job::Chunk {
+                gi,
+                ci,
+                first,
+                chunk,
+            });
             let len = Wire::new(chunk).len()?;
             first = first.checked_add(len)?;
             // Every node takes a byte at least: a length no input backs reserves nothing.
@@ -53,21 +60,16 @@ pub(super) fn program(payload: &[u8]) -> Option<Program> {
         let graph = Graph::new(part.name.clone(), part.kind);
         assemblies.push(Assembly::new(graph, part.chunks.len(), room));
     }
+    jobs.extend((0..parts.len()).map(Job::Tail));
     let next = AtomicUsize::new(0);
     let refused = AtomicBool::new(false);
     rayon::scope(|s| {
         for _ in 0..rayon::current_num_threads() {
             s.spawn(|_| {
-                while let Some(&(gi, ci, first, chunk)) = jobs.get(next.fetch_add(1, Relaxed)) {
-                    if refused.load(Relaxed) {
+                while let Some(job) = jobs.get(next.fetch_add(1, Relaxed)) {
+                    if refused.load(Relaxed) || !job.run(&parts, &assemblies) {
+                        refused.store(true, Relaxed);
                         return;
-                    }
-                    match (parts.get(gi), assemblies.get(gi)) {
-                        (Some(part), Some(assembly)) => match part.decode(first, chunk) {
-                            Some(nodes) => assembly.offer(ci, nodes),
-                            None => refused.store(true, Relaxed),
-                        },
-                        _ => refused.store(true, Relaxed),
                     }
                 }
             });
@@ -123,6 +125,43 @@ fn list_pushed<'a, B, T>(
     Some(out)
 }
 
+/// A share of the reading that any core may take.
+enum Job<'a> {
+    /// Chunk `ci` of graph `gi`, whose first node is at program position `first`.
+    Chunk {
+        gi: usize,
+        ci: usize,
+        first: usize,
+        chunk: &'a [u8],
+    },
+    /// The parameters and gradient map of graph `gi`.
+    Tail(usize),
+}
+
+impl Job<'_> {
+    /// Does the job; whether all was well.
+    fn run(&self, parts: &[Parts], assemblies: &[Assembly]) -> bool {
+        match *self {
+            Job::Chunk {
+                gi,
+                ci,
+                first,
+                chunk,
+            } => match (parts.get(gi), assemblies.get(gi)) {
+                (Some(part), Some(assembly)) => match part.decode(first, chunk) {
+                    Some(nodes) => {
+                        assembly.offer(ci, nodes);
+                        true
+                    }
+                    None => false,
+                },
+                _ => false,
+            },
+            Job::Tail(gi) => parts.get(gi).is_some_and(Parts::read_tail),
+        }
+    }
+}
+
 /// One graph section before its nodes are read: [`super::BinGraph`] with its chunks of nodes
 /// as bytes.
 struct Parts<'a> {
@@ -131,23 +170,34 @@ struct Parts<'a> {
     targets: Vec<Str>,
     tensors: Vec<std::sync::Arc<TensorMeta>>,
     chunks: Vec<&'a [u8]>,
-    params: Vec<Param<u32>>,
-    grads: Vec<Grad>,
+    /// The rest of the section, `params` then `grads`, with the claims made before them.
+    tail: Wire<'a>,
+    /// Read from `tail` by [`Job::Tail`].
+    params_and_grads: OnceLock<(Vec<Param<u32>>, Vec<Grad>)>,
 }
 
 impl<'a> Parts<'a> {
     fn read(section: &'a [u8]) -> Option<Parts<'a>> {
         let mut w = Wire::new(section);
-        let parts = Parts {
+        Some(Parts {
             name: option(&mut w, |w| w.str().map(str::to_owned))?,
             kind: w.decode()?,
             targets: w.decode()?,
             tensors: shared(w.decode::<Vec<TensorMeta>>()?),
             chunks: list::<Vec<u8>, _>(&mut w, Wire::section)?,
-            params: w.decode()?,
-            grads: w.decode()?,
-        };
-        (w.remaining() == 0).then_some(parts)
+            tail: w,
+            params_and_grads: OnceLock::new(),
+        })
+    }
+
+    /// Reads the parameters and gradient map, which end the section; whether they read.
+    fn read_tail(&self) -> bool {
+        let mut w = self.tail.clone();
+        let read = (|| Some((w.decode()?, w.decode()?)))();
+        match read {
+            Some(tail) if w.remaining() == 0 => self.params_and_grads.set(tail).is_ok(),
+            _ => false,
+        }
     }
 
     fn tables(&self) -> Tables<'_> {
@@ -175,15 +225,16 @@ impl<'a> Parts<'a> {
 
     /// The graph `g`, its nodes all added, with its parameters and gradients.
     fn finish(self, mut g: Graph) -> Option<Graph> {
+        let (params, grads) = self.params_and_grads.into_inner()?;
         let len = g.len();
-        g.params.reserve_exact(self.params.len());
-        for p in self.params {
+        g.params.reserve_exact(params.len());
+        for p in params {
             if p.node as usize >= len {
                 return None;
             }
             g.params.push(p.with_node(NodeId::new(p.node as usize)));
         }
-        g.grads = self.grads;
+        g.grads = grads;
         Some(g)
     }
 }

@@ -25,6 +25,7 @@ const U64: u8 = 253;
 /// the bound never comes near the limit.
 const DELEGATED_CLAIM_PER_BYTE: usize = 256;
 
+#[derive(Clone)]
 pub(super) struct Wire<'a> {
     rest: &'a [u8],
     /// What bincode's decoder would have claimed against [`LIMIT`] by now (or more, after a
