@@ -27,12 +27,12 @@
 //! `cargo bench --bench import_export`
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use mimalloc::MiMalloc as System;
 use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
+use zerosched::alloc::Mimalloc;
 use zerosched_ir::{Program, binary, json};
 
 /// The allocator the command line uses (mimalloc), counting live and peak bytes.
@@ -51,7 +51,7 @@ fn counting() -> bool {
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
+        let p = unsafe { Mimalloc.alloc(layout) };
         if !p.is_null() && counting() {
             let now = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
             PEAK.fetch_max(now, Relaxed);
@@ -59,13 +59,13 @@ unsafe impl GlobalAlloc for Counting {
         p
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
+        unsafe { Mimalloc.dealloc(ptr, layout) };
         if counting() {
             LIVE.fetch_sub(layout.size(), Relaxed);
         }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        let p = unsafe { Mimalloc.realloc(ptr, layout, new_size) };
         if !p.is_null() && counting() {
             if new_size >= layout.size() {
                 let now =

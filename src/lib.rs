@@ -1,6 +1,7 @@
 //! zerosched: the command-line tool's library half. Reading and writing documents, summaries
 //! and reports live here so that tests and benchmarks use exactly what the tool uses.
 
+pub mod alloc;
 pub mod budget;
 pub mod default_program;
 pub mod exec;
