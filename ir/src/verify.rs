@@ -220,6 +220,41 @@ pub(crate) type SoundTensors = hashbrown::HashSet<*const crate::TensorMeta>;
 /// value's sizes, and the argument indexes its metadata names. `sound` holds the shared
 /// tensors already checked, here or by an earlier call.
 pub(crate) fn node_fields(label: &str, n: &Node, sound: &mut SoundTensors, d: &mut Diagnostics) {
+    arg_depths(label, n, d);
+    if let Some(v) = &n.meta.val {
+        let shared = match v {
+            Val::Tensor(t) => Some(std::sync::Arc::as_ptr(t)),
+            _ => None,
+        };
+        if shared.is_none_or(|t| !sound.contains(&t)) {
+            let before = d.0.len();
+            val_sizes(label, n, v, d);
+            if let Some(t) = shared.filter(|_| d.0.len() == before) {
+                sound.insert(t);
+            }
+        }
+    }
+    meta_indexes(label, n, d);
+}
+
+/// [`node_fields`] for a reader that takes every tensor from a table it has already held to
+/// [`tensor_is_sound`]: of the value, only a tuple's total size is left to check.
+pub(crate) fn node_fields_tabled(label: &str, n: &Node, d: &mut Diagnostics) {
+    arg_depths(label, n, d);
+    if let Some(v @ Val::Tuple(_)) = &n.meta.val {
+        val_sizes(label, n, v, d);
+    }
+    meta_indexes(label, n, d);
+}
+
+/// Whether a tensor's sizes are all sound: no negative hint, a byte size within `u64`.
+pub(crate) fn tensor_is_sound(t: &crate::TensorMeta) -> bool {
+    let mut sound = t.nbytes().is_some();
+    tensor_dims(&String::new, t, &mut |_, _| sound = false);
+    sound
+}
+
+fn arg_depths(label: &str, n: &Node, d: &mut Diagnostics) {
     for (fi, a) in n.args.iter().chain(n.kwargs.values()).enumerate() {
         // A lone reference or scalar, the usual argument, is as shallow as can be.
         if matches!(a, crate::Arg::List(_) | crate::Arg::Slice(_)) {
@@ -237,27 +272,21 @@ pub(crate) fn node_fields(label: &str, n: &Node, sound: &mut SoundTensors, d: &m
             }
         }
     }
-    if let Some(v) = &n.meta.val {
-        let shared = match v {
-            Val::Tensor(t) => Some(std::sync::Arc::as_ptr(t)),
-            _ => None,
-        };
-        if shared.is_none_or(|t| !sound.contains(&t)) {
-            let before = d.0.len();
-            check_dims(v, &mut |f, p| {
-                d.push(Location::field(label, &n.name, format!("meta.val{f}")), p)
-            });
-            if v.nbytes().is_none() {
-                d.push(
-                    Location::field(label, &n.name, "meta.val"),
-                    Problem::SizeOverflow,
-                );
-            }
-            if let Some(t) = shared.filter(|_| d.0.len() == before) {
-                sound.insert(t);
-            }
-        }
+}
+
+fn val_sizes(label: &str, n: &Node, v: &Val, d: &mut Diagnostics) {
+    check_dims(v, &mut |f, p| {
+        d.push(Location::field(label, &n.name, format!("meta.val{f}")), p)
+    });
+    if v.nbytes().is_none() {
+        d.push(
+            Location::field(label, &n.name, "meta.val"),
+            Problem::SizeOverflow,
+        );
     }
+}
+
+fn meta_indexes(label: &str, n: &Node, d: &mut Diagnostics) {
     for (field, idx) in [
         ("meta.aliases", &n.meta.aliases),
         ("meta.mutates", &n.meta.mutates),
@@ -372,33 +401,37 @@ fn negative_hint(dim: &crate::Dim) -> Option<Problem> {
 /// Every shape, stride and offset entry of a value, reported at its path under `meta.val`.
 /// Paths are built only for a diagnostic: this runs for every node.
 fn check_dims(v: &Val, report: &mut impl FnMut(String, Problem)) {
-    let one = |at: &dyn Fn() -> String,
-               t: &crate::TensorMeta,
-               report: &mut dyn FnMut(String, Problem)| {
-        for (j, dim) in t.shape.iter().enumerate() {
-            if let Some(p) = negative_hint(dim) {
-                report(format!("{}.shape[{j}]", at()), p);
-            }
-        }
-        for (j, dim) in t.stride.iter().flatten().enumerate() {
-            if let Some(p) = negative_hint(dim) {
-                report(format!("{}.stride[{j}]", at()), p);
-            }
-        }
-        if let Some(p) = t.storage_offset.as_ref().and_then(negative_hint) {
-            report(format!("{}.storage_offset", at()), p);
-        }
-    };
     match v {
-        Val::Tensor(t) => one(&String::new, t, report),
+        Val::Tensor(t) => tensor_dims(&String::new, t, report),
         Val::Tuple(items) => {
             for (i, t) in items.iter().enumerate() {
                 if let Some(t) = t {
-                    one(&|| format!("[{i}]"), t, report);
+                    tensor_dims(&|| format!("[{i}]"), t, report);
                 }
             }
         }
         _ => {}
+    }
+}
+
+/// [`check_dims`] of one tensor, whose path under `meta.val` is `at()`.
+fn tensor_dims(
+    at: &dyn Fn() -> String,
+    t: &crate::TensorMeta,
+    report: &mut dyn FnMut(String, Problem),
+) {
+    for (j, dim) in t.shape.iter().enumerate() {
+        if let Some(p) = negative_hint(dim) {
+            report(format!("{}.shape[{j}]", at()), p);
+        }
+    }
+    for (j, dim) in t.stride.iter().flatten().enumerate() {
+        if let Some(p) = negative_hint(dim) {
+            report(format!("{}.stride[{j}]", at()), p);
+        }
+    }
+    if let Some(p) = t.storage_offset.as_ref().and_then(negative_hint) {
+        report(format!("{}.storage_offset", at()), p);
     }
 }
 

@@ -355,6 +355,15 @@ fn binary_fast_path_refuses_what_the_verifier_refuses() {
             }),
         ),
         (
+            "tuple whose tensors' sizes overflow together",
+            with_problem(|g, y, _| {
+                // 2^61 float32 elements: 2^63 bytes each, fine alone, too many for u64 as two.
+                let half =
+                    std::sync::Arc::new(TensorMeta::new(vec![Dim::Const(1 << 61)], Dtype::Float32));
+                g.meta_mut(y).val = Some(Val::Tuple(vec![Some(half.clone()), Some(half)]));
+            }),
+        ),
+        (
             "ARG nested deeper than JSON allows",
             with_problem(|g, y, _| {
                 let mut args = g.node(y).args.clone();

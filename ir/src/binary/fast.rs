@@ -183,7 +183,15 @@ impl<'a> Parts<'a> {
             name: option(&mut w, |w| w.str().map(str::to_owned))?,
             kind: w.decode()?,
             targets: w.decode()?,
-            tensors: shared(w.decode::<Vec<TensorMeta>>()?),
+            // Every node's tensors come from this table: checked here once, they need no
+            // check per node. An unsound entry leaves the document to the careful path, which
+            // refuses it only if a node uses it.
+            tensors: shared(
+                w.decode::<Vec<TensorMeta>>()?
+                    .into_iter()
+                    .map(|t| verify::tensor_is_sound(&t).then_some(t))
+                    .collect::<Option<_>>()?,
+            ),
             chunks: list::<Vec<u8>, _>(&mut w, Wire::section)?,
             tail: w,
             params_and_grads: OnceLock::new(),
@@ -213,12 +221,11 @@ impl<'a> Parts<'a> {
     fn decode(&self, first: usize, chunk: &[u8]) -> Option<Vec<Node>> {
         let mut w = Wire::new(chunk);
         let tables = self.tables();
-        let mut sound = verify::SoundTensors::default();
         let mut problems = Diagnostics::default();
         let nodes =
             list_pushed::<BinNode, _>(&mut w, first, |w, pos, out| node(w, pos, &tables, out))?;
         for n in &nodes {
-            verify::node_fields("", n, &mut sound, &mut problems);
+            verify::node_fields_tabled("", n, &mut problems);
         }
         (w.remaining() == 0 && problems.0.is_empty()).then_some(nodes)
     }
