@@ -85,9 +85,14 @@ impl<R> Node<R> {
     /// Calls `f` on every node reference in `args` then `kwargs` (in key order), with
     /// repeats: [`Node::refs`] without collecting them.
     pub fn for_each_ref<'a>(&'a self, mut f: impl FnMut(&'a R)) {
-        for a in self.args.iter().chain(self.kwargs.values()) {
-            a.for_each_ref(&mut f);
-        }
+        let mut visit = |a: &'a Arg<R>| match a {
+            // Most arguments are a reference or a scalar: no call for them.
+            Arg::Node(r) => f(r),
+            Arg::List(_) | Arg::Slice(_) => a.for_each_ref(&mut f),
+            _ => {}
+        };
+        self.args.iter().for_each(&mut visit);
+        self.kwargs.values().for_each(visit);
     }
 
     /// Rewrites every reference, keeping everything else.
