@@ -1,13 +1,16 @@
 //! The fast path: [`super::BinProgram`]'s bytes read by [`Wire`] straight into the IR. Every
-//! graph's header is read first, then every chunk of nodes of every graph on every core
-//! (references checked and converted on the way), each chunk added to its graph as soon as
-//! the chunks before it are in ([`Assembly`]).
+//! graph's header (name, kind, target and tensor tables) is read first, then every chunk of
+//! nodes of every graph on every core (references checked and converted on the way), each
+//! chunk added to its graph as soon as the chunks before it are in ([`Assembly`]); each
+//! graph's parameters and gradient map are a job of the same pool.
 //!
 //! Any problem, a bad reference or a repeated name included, is `None`: the careful path then
 //! decodes again and names it. That includes every problem the structural verifier finds in a
-//! node: its checks of each node run as the node is read, and a reference can only name an
-//! earlier node, so the program needs only the verifier's checks over whole graphs after. The fast path reads exactly what bincode's derived code reads,
-//! field by field in declaration order, and claims what it claims (see [`Wire`]).
+//! node: its checks of each node run as the node is read (of a tensor, once, in its graph's
+//! table), and a reference can only name an earlier node, so the program needs only the
+//! verifier's checks over whole graphs after. The fast path reads exactly what bincode's
+//! derived code reads, field by field in declaration order, and claims what it claims (see
+//! [`Wire`]).
 
 use super::arg::{self, Source};
 use super::assemble::Assembly;
