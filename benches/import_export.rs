@@ -167,6 +167,10 @@ fn inputs() -> Vec<Input> {
 /// Programs kept alive together when timing imports that are held (see the top).
 const BATCH: usize = 8;
 
+/// Interleaved rounds per way of timing imports: a load that comes and goes on a shared
+/// machine spoils a few rounds, not the median of them.
+const ROUNDS: u32 = 7;
+
 /// Median wall time of `f` over enough runs to fill about `budget`; what `f` returns is
 /// dropped outside the timed region, at once (`keep` 1) or `keep` results at a time.
 fn median<T>(budget: Duration, keep: usize, mut f: impl FnMut() -> T) -> Duration {
@@ -209,23 +213,25 @@ fn median_drop(budget: Duration, input: &Input) -> Duration {
 
 fn summary(input: &Input) {
     let mb = |bytes: usize, t: Duration| bytes as f64 / 1e6 / t.as_secs_f64();
-    let budget = Duration::from_secs(2);
+    let budget = Duration::from_secs(3);
     // Interleaved rounds, so that both encodings see the same load on a shared machine; each
     // ratio is of the medians over all rounds. The recycled rounds come first: dropping a
     // batch of programs leaves the allocator memory to return to the system, work that would
     // land in whatever import runs next.
     let (mut jis, mut bis, mut jfs, mut bfs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..3 {
-        jis.push(median(budget / 3, 1, || json::import(&input.json).unwrap()));
-        bis.push(median(budget / 3, 1, || {
+    for _ in 0..ROUNDS {
+        jis.push(median(budget / ROUNDS, 1, || {
+            json::import(&input.json).unwrap()
+        }));
+        bis.push(median(budget / ROUNDS, 1, || {
             binary::import(&input.bin).unwrap()
         }));
     }
-    for _ in 0..3 {
-        jfs.push(median(budget / 3, BATCH, || {
+    for _ in 0..ROUNDS {
+        jfs.push(median(budget / ROUNDS, BATCH, || {
             json::import(&input.json).unwrap()
         }));
-        bfs.push(median(budget / 3, BATCH, || {
+        bfs.push(median(budget / ROUNDS, BATCH, || {
             binary::import(&input.bin).unwrap()
         }));
     }
