@@ -24,31 +24,34 @@ fn plain(align: usize, size: usize) -> bool {
     align <= PLAIN_ALIGN && align <= size
 }
 
+/// A block for `layout` from `unaligned` where [`plain`] allows, else from `aligned`.
+#[inline]
+unsafe fn block(
+    layout: Layout,
+    unaligned: unsafe extern "C" fn(usize) -> *mut c_void,
+    aligned: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    let (size, align) = (layout.size(), layout.align());
+    unsafe {
+        if plain(align, size) {
+            unaligned(size).cast()
+        } else {
+            aligned(size, align).cast()
+        }
+    }
+}
+
 // SAFETY: every block comes from mimalloc and goes back to it; `plain` sends a request to the
 // unaligned calls only where their blocks meet the layout's alignment (see the top).
 unsafe impl GlobalAlloc for Mimalloc {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let (size, align) = (layout.size(), layout.align());
-        unsafe {
-            if plain(align, size) {
-                mi::mi_malloc(size).cast()
-            } else {
-                mi::mi_malloc_aligned(size, align).cast()
-            }
-        }
+        unsafe { block(layout, mi::mi_malloc, mi::mi_malloc_aligned) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let (size, align) = (layout.size(), layout.align());
-        unsafe {
-            if plain(align, size) {
-                mi::mi_zalloc(size).cast()
-            } else {
-                mi::mi_zalloc_aligned(size, align).cast()
-            }
-        }
+        unsafe { block(layout, mi::mi_zalloc, mi::mi_zalloc_aligned) }
     }
 
     #[inline]
