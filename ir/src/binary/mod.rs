@@ -161,44 +161,61 @@ impl<'g, T: ?Sized + Eq + std::hash::Hash> Table<'g, T> {
     }
 }
 
-fn encode_graph<'g>(g: &'g Graph, chunk: impl Fn(Vec<u8>) -> Vec<u8>) -> BinGraph {
+fn encode_graph(g: &Graph, chunk: impl Fn(Vec<u8>) -> Vec<u8> + Sync) -> BinGraph {
     let pos = g.positions();
     let at = |id: &NodeId| pos[*id] as u32;
+    // The tables first, in one pass in program order: an entry's index is the order of its
+    // first use, so the encoding is deterministic. Nodes share their tensor metadata: each
+    // shared copy is looked up by address, and only a copy not seen before by its value.
     let mut targets = Table::<str>::new();
     let mut tensors = Table::<TensorMeta>::new();
-    // Nodes share their tensor metadata: look each shared copy up by address once, and only
-    // a copy not seen before by its value.
-    let mut shared: hashbrown::HashMap<*const TensorMeta, u32> = hashbrown::HashMap::new();
-    let mut tensor = |t: &'g Arc<TensorMeta>| {
-        *shared
-            .entry(Arc::as_ptr(t))
-            .or_insert_with(|| tensors.of(t))
+    let mut shared: hashbrown::HashMap<usize, u32> = hashbrown::HashMap::new();
+    for (_, n) in g.nodes() {
+        targets.of(&n.target);
+        for t in n.meta.val.iter().flat_map(Val::tensors) {
+            shared
+                .entry(std::ptr::from_ref(t) as usize)
+                .or_insert_with(|| tensors.of(t));
+        }
+    }
+    // Then the nodes, a chunk per job on every core, the tables only read.
+    let tensor = |t: &Arc<TensorMeta>| {
+        let index = shared.get(&(Arc::as_ptr(t) as usize)).copied();
+        index.unwrap_or_default()
     };
-    let nodes: Vec<BinNode> = g
-        .nodes()
-        .map(|(_, n)| BinNode {
-            name: n.name.clone(),
-            op: n.op,
-            target: targets.of(&n.target),
-            args: n.args.iter().map(|a| a.map_refs(&mut |r| at(r))).collect(),
-            kwargs: n
-                .kwargs
-                .iter()
-                .map(|(k, a)| (k.clone(), a.map_refs(&mut |r| at(r))))
-                .collect(),
-            val: n.meta.val.as_ref().map(|v| match v {
-                Val::Tensor(t) => BinVal::Tensor(tensor(t)),
-                Val::Tuple(ts) => {
-                    BinVal::Tuple(ts.iter().map(|t| t.as_ref().map(&mut tensor)).collect())
-                }
-                Val::Sym(s) => BinVal::Sym(s.clone()),
-                Val::Int(i) => BinVal::Int(*i),
-                Val::Float(x) => BinVal::Float(*x),
-                Val::Bool(b) => BinVal::Bool(*b),
-            }),
-            aliases: n.meta.aliases.clone(),
-            mutates: n.meta.mutates.clone(),
-            device_time_ms: n.meta.device_time_ms,
+    let node = |n: &Node| BinNode {
+        name: n.name.clone(),
+        op: n.op,
+        target: targets
+            .index
+            .get(n.target.as_str())
+            .copied()
+            .unwrap_or_default(),
+        args: n.args.iter().map(|a| a.map_refs(&mut |r| at(r))).collect(),
+        kwargs: n
+            .kwargs
+            .iter()
+            .map(|(k, a)| (k.clone(), a.map_refs(&mut |r| at(r))))
+            .collect(),
+        val: n.meta.val.as_ref().map(|v| match v {
+            Val::Tensor(t) => BinVal::Tensor(tensor(t)),
+            Val::Tuple(ts) => BinVal::Tuple(ts.iter().map(|t| t.as_ref().map(tensor)).collect()),
+            Val::Sym(s) => BinVal::Sym(s.clone()),
+            Val::Int(i) => BinVal::Int(*i),
+            Val::Float(x) => BinVal::Float(*x),
+            Val::Bool(b) => BinVal::Bool(*b),
+        }),
+        aliases: n.meta.aliases.clone(),
+        mutates: n.meta.mutates.clone(),
+        device_time_ms: n.meta.device_time_ms,
+    };
+    let nodes = g
+        .order()
+        .par_chunks(CHUNK_NODES)
+        .map(|ids| {
+            chunk(encode(
+                &ids.iter().map(|&id| node(g.node(id))).collect::<Vec<_>>(),
+            ))
         })
         .collect();
     BinGraph {
@@ -206,10 +223,7 @@ fn encode_graph<'g>(g: &'g Graph, chunk: impl Fn(Vec<u8>) -> Vec<u8>) -> BinGrap
         kind: g.kind,
         targets: targets.items.into_iter().map(Str::from).collect(),
         tensors: tensors.items.into_iter().cloned().collect(),
-        nodes: nodes
-            .chunks(CHUNK_NODES)
-            .map(|c| chunk(encode(c)))
-            .collect(),
+        nodes,
         params: g.params.iter().map(|p| p.with_node(at(&p.node))).collect(),
         grads: g.grads.clone(),
     }
