@@ -170,27 +170,24 @@ fn encode_graph(g: &Graph, chunk: impl Fn(Vec<u8>) -> Vec<u8> + Sync) -> BinGrap
     let mut targets = Table::<str>::new();
     let mut tensors = Table::<TensorMeta>::new();
     let mut shared: hashbrown::HashMap<usize, u32> = hashbrown::HashMap::new();
-    for (_, n) in g.nodes() {
-        targets.of(&n.target);
-        for t in n.meta.val.iter().flat_map(Val::tensors) {
-            shared
-                .entry(std::ptr::from_ref(t) as usize)
-                .or_insert_with(|| tensors.of(t));
-        }
-    }
-    // Then the nodes, a chunk per job on every core, the tables only read.
-    let tensor = |t: &Arc<TensorMeta>| {
-        let index = shared.get(&(Arc::as_ptr(t) as usize)).copied();
-        index.unwrap_or_default()
-    };
-    let node = |n: &Node| BinNode {
+    let target_index: Vec<u32> = g
+        .nodes()
+        .map(|(_, n)| {
+            for t in n.meta.val.iter().flat_map(Val::tensors) {
+                shared
+                    .entry(std::ptr::from_ref(t) as usize)
+                    .or_insert_with(|| tensors.of(t));
+            }
+            targets.of(&n.target)
+        })
+        .collect();
+    // Then the nodes, a chunk per job on every core, the tables only read. The pass above
+    // entered every node's tensors.
+    let tensor = |t: &Arc<TensorMeta>| shared[&(Arc::as_ptr(t) as usize)];
+    let node = |n: &Node, target: u32| BinNode {
         name: n.name.clone(),
         op: n.op,
-        target: targets
-            .index
-            .get(n.target.as_str())
-            .copied()
-            .unwrap_or_default(),
+        target,
         args: n.args.iter().map(|a| a.map_refs(&mut |r| at(r))).collect(),
         kwargs: n
             .kwargs
@@ -212,10 +209,14 @@ fn encode_graph(g: &Graph, chunk: impl Fn(Vec<u8>) -> Vec<u8> + Sync) -> BinGrap
     let nodes = g
         .order()
         .par_chunks(CHUNK_NODES)
-        .map(|ids| {
-            chunk(encode(
-                &ids.iter().map(|&id| node(g.node(id))).collect::<Vec<_>>(),
-            ))
+        .zip(target_index.par_chunks(CHUNK_NODES))
+        .map(|(ids, targets)| {
+            let chunk_nodes: Vec<BinNode> = ids
+                .iter()
+                .zip(targets)
+                .map(|(&id, &target)| node(g.node(id), target))
+                .collect();
+            chunk(encode(&chunk_nodes))
         })
         .collect();
     BinGraph {
