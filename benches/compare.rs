@@ -7,7 +7,7 @@
 
 // The allocator the command line uses, so that the figures are the command line's.
 #[global_allocator]
-static ALLOC: zerosched::alloc::Mimalloc = zerosched::alloc::Mimalloc;
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

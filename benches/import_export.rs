@@ -32,7 +32,7 @@ use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
-use zerosched::alloc::Mimalloc;
+use mimalloc::MiMalloc;
 use zerosched_ir::{Program, binary, json};
 
 /// The allocator the command line uses (mimalloc), counting live and peak bytes.
@@ -41,7 +41,7 @@ struct Counting;
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 /// Counting costs atomics on every allocation: it is on only around the memory measurement,
-/// so that the timings see the plain system allocator. Frees of blocks allocated while it was
+/// so that the timings see mimalloc as the command line has it. Frees of blocks allocated while it was
 /// off are not subtracted either, so `LIVE` stays exact for what was counted.
 static COUNTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -51,7 +51,7 @@ fn counting() -> bool {
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { Mimalloc.alloc(layout) };
+        let p = unsafe { MiMalloc.alloc(layout) };
         if !p.is_null() && counting() {
             let now = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
             PEAK.fetch_max(now, Relaxed);
@@ -59,13 +59,13 @@ unsafe impl GlobalAlloc for Counting {
         p
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { Mimalloc.dealloc(ptr, layout) };
+        unsafe { MiMalloc.dealloc(ptr, layout) };
         if counting() {
             LIVE.fetch_sub(layout.size(), Relaxed);
         }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = unsafe { Mimalloc.realloc(ptr, layout, new_size) };
+        let p = unsafe { MiMalloc.realloc(ptr, layout, new_size) };
         if !p.is_null() && counting() {
             if new_size >= layout.size() {
                 let now =

@@ -1,7 +1,9 @@
 //! zerosched: the command-line tool's library half. Reading and writing documents, summaries
 //! and reports live here so that tests and benchmarks use exactly what the tool uses.
 
-pub mod alloc;
+// `deny`, not `forbid`: ndarray's `s!` macro expands to an `allow(unsafe_code)` of its own.
+#![deny(unsafe_code)]
+
 pub mod budget;
 pub mod default_program;
 pub mod exec;

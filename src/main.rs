@@ -3,7 +3,7 @@
 mod cli;
 
 #[global_allocator]
-static GLOBAL: zerosched::alloc::Mimalloc = zerosched::alloc::Mimalloc;
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     cli::main()

@@ -8,6 +8,8 @@
 //! Every document enters through [`json::import`] or [`binary::import`], which validate every
 //! handle and run the structural [`verify`]er, so code downstream may assume a well-formed graph.
 
+#![forbid(unsafe_code)]
+
 pub mod arg;
 pub mod aten;
 pub mod binary;

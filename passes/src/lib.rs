@@ -1,8 +1,11 @@
 //! zerosched's ZeRO-3 passes over the IR of `zerosched-ir`.
 //!
-//! Pipeline: alias analysis → insertion of gathers, waits, releases and gradient reductions →
-//! scheduling under a memory budget → rewrites → the independent schedule checker and the
-//! two-stream simulator. See docs/passes.md for the design.
+//! Pipeline, in the order the pass manager runs it ([`pipeline`]): alias analysis → insertion
+//! of gathers, waits, releases and gradient reductions → the egg rewrite stage → scheduling
+//! under a memory budget → keep across forward and backward; the independent schedule checker
+//! after each, and the two-stream simulator at the end. See docs/passes.md for the design.
+
+#![forbid(unsafe_code)]
 
 pub mod alias;
 pub mod checker;
