@@ -27,12 +27,12 @@
 //! `cargo bench --bench import_export`
 
 use criterion::{BenchmarkId, Criterion, Throughput};
+use mimalloc::MiMalloc;
 use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
-use mimalloc::MiMalloc;
 use zerosched_ir::{Program, binary, json};
 
 /// The allocator the command line uses (mimalloc), counting live and peak bytes.
