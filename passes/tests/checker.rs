@@ -142,7 +142,7 @@ impl B {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Hand-built graphs, one per failure mode that shapes the guarantees.
+// Hand-built graphs, one per failure mode of docs/design.md §4 that shapes the guarantees.
 
 /// Two linear layers; the forward returns both shards for the backward (saved parameters).
 fn mlp() -> Graph {
@@ -794,7 +794,7 @@ fn rejects_compute_reading_a_shard() {
         "{v}"
     );
 
-    // Through a keyword argument too (failure mode 4).
+    // Through a keyword argument too (docs/design.md §4, mode 4).
     let mut g = scheduled(kwarg_and_cast(), "prefetch");
     let attn = named(&g, "attn");
     let mask = named(&g, "mask");

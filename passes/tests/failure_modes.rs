@@ -1,5 +1,5 @@
 //! Regression tests for the known failure modes of DeepSpeed DeepCompile's ZeRO-3 passes
-//! (design.md, "Known failure modes of the reference implementation", 1 to 6), run through
+//! (docs/design.md §4, modes 1 to 6), run through
 //! zerosched's insertion, every scheduler and the keep pass, each output proven by the
 //! independent schedule checker. Each test names the failure mode it guards against.
 

@@ -20,7 +20,7 @@ fn count(g: &zerosched_ir::Graph, target: &str) -> usize {
 
 #[test]
 fn a_parameter_only_the_output_uses_is_passed_through_as_its_shard() {
-    // DeepCompile failure mode 1: gathering it left a wait with no last use (KeyError).
+    // docs/design.md §4, mode 1: gathering it left a wait with no last use (KeyError).
     let bytes = std::fs::read(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../tests/fixtures/edge/param_only_used_by_output.json"
@@ -46,7 +46,7 @@ fn a_parameter_only_the_output_uses_is_passed_through_as_its_shard() {
 
 #[test]
 fn a_parameter_used_only_through_split_and_getitem_is_released_after_the_last_piece() {
-    // Failure mode 2: a release after the first getitem freed the storage under the others.
+    // docs/design.md §4, mode 2: a release after the first getitem freed the storage under the others.
     let mut b = Builder::new("split_getitem", GraphKind::Forward);
     let x = b.input("x", &[4, 8]);
     let w = b.param("fused.weight", &[8, 16]);
@@ -92,7 +92,7 @@ fn a_parameter_used_only_through_split_and_getitem_is_released_after_the_last_pi
 
 #[test]
 fn a_parameter_passed_only_as_a_keyword_is_gathered_before_its_consumer() {
-    // Failure mode 4: dependency walks that followed args and forgot kwargs.
+    // docs/design.md §4, mode 4: dependency walks that followed args and forgot kwargs.
     let mut b = Builder::new("kwarg", GraphKind::Forward);
     let q = b.input("q", &[2, 4, 8, 16]);
     let mask = b.param("attn.mask", &[8, 8]);

@@ -1,4 +1,4 @@
-"""Code that torch.compile skipped (design.md, failure mode 7): parameters gathered on access,
+"""Code that torch.compile skipped (docs/design.md §4, mode 7): parameters gathered on access,
 tracked, released after their backward use, gradients reduced into the shards."""
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: l
 
 def _assert_same_schedule(doc: dict) -> None:
     """Ranks that reach different schedules issue collectives in different orders and hang:
-    compare a hash of the schedule across ranks (design.md, failure mode 6).  The schedule is
+    compare a hash of the schedule across ranks (docs/design.md §4, mode 6).  The schedule is
     the node order and the inserted ops' arguments; tensor metadata may legitimately differ
     (a rank's input slice has another storage offset)."""
     # A graph without zerosched's ops issues no collectives; ranks may compile such graphs

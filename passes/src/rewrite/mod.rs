@@ -1,4 +1,4 @@
-//! The rewrite stage (pass 5 of the design): equational rewrites over the communication ops,
+//! The rewrite stage (docs/design.md §3, pass 2): equational rewrites over the communication ops,
 //! after insertion and before scheduling.
 //!
 //! It builds an e-graph over the terms that connect each gathered parameter to its real uses

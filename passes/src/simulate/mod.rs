@@ -1,5 +1,5 @@
 //! The two-stream event simulation of a scheduled graph: step time, exposed communication and
-//! memory over time (design.md, "check + simulate").
+//! memory over time (docs/design.md §3).
 //!
 //! The host walks the program order. Every node that is not an inserted comm op runs on the
 //! compute stream for `CostModel::compute_costs`; the walk reaches a node when the compute stream
