@@ -22,7 +22,7 @@ const WORLD: u32 = 8;
 fn load(name: &str) -> Option<(Vec<u8>, Program)> {
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("benches/data/{name}.program.json.gz"));
-    let bytes = zerosched::io::read_bytes(&path).ok()?;
+    let bytes = zerosched_api::io::read_bytes(&path).ok()?;
     let p = zerosched_ir::import(&bytes).ok()?;
     Some((bytes, p))
 }
@@ -105,7 +105,7 @@ fn main() {
             println!("| {name} | data missing | | | | | | |");
             continue;
         };
-        let layer = zerosched::budget::layer_bytes(&base, 0, WORLD);
+        let layer = zerosched_api::budget::layer_bytes(&base, 0, WORLD);
         for layers in [1u64, 2, 4] {
             for &s in NAMES {
                 let mut p = base.clone();

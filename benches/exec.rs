@@ -13,18 +13,18 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::path::Path;
-use zerosched::exec::dry::Dry;
-use zerosched::exec::inputs::Inputs;
-use zerosched::exec::world::run_plans;
-use zerosched::exec::{ExecOptions, Executor, Plan};
+use zerosched_exec::dry::Dry;
+use zerosched_exec::inputs::Inputs;
+use zerosched_exec::world::run_plans;
+use zerosched_exec::{ExecOptions, Executor, Plan};
 use zerosched_passes::pipeline::{self, PipelineOptions};
 use zerosched_passes::schedule::ScheduleOptions;
 
 fn scheduled(name: &str, world: u32) -> Option<zerosched_ir::Program> {
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("benches/data/{name}.program.json.gz"));
-    let mut p = zerosched::io::read_program(&path).ok()?;
-    let budget = 2 * zerosched::budget::layer_bytes(&p, 0, world);
+    let mut p = zerosched_api::io::read_program(&path).ok()?;
+    let budget = 2 * zerosched_api::budget::layer_bytes(&p, 0, world);
     let opts = PipelineOptions {
         schedule: ScheduleOptions {
             budget,

@@ -103,7 +103,7 @@ impl Input {
 
     /// A JSON file is imported from its own bytes; a binary one from its JSON export.
     fn from_file(path: &Path) -> Input {
-        let bytes = zerosched::io::read_bytes(path).expect("the bench input reads");
+        let bytes = zerosched_api::io::read_bytes(path).expect("the bench input reads");
         let program = zerosched_ir::import(&bytes).expect("the bench input imports");
         let mut input = Input::new(path.display().to_string(), &program);
         if !binary::has_magic(&bytes) {

@@ -19,12 +19,12 @@ const PROGRAMS: &[&str] = &["llama70b_l8", "llama70b_l80", "mixtral8x7b_l24"];
 fn load(name: &str) -> Option<Vec<u8>> {
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("benches/data/{name}.program.json.gz"));
-    zerosched::io::read_bytes(&path).ok()
+    zerosched_api::io::read_bytes(&path).ok()
 }
 
 fn options(bytes: &[u8], scheduler: &str) -> PipelineOptions {
     let p = zerosched_ir::import(bytes).expect("benchmark data imports");
-    let budget = 2 * zerosched::budget::layer_bytes(&p, 0, 8);
+    let budget = 2 * zerosched_api::budget::layer_bytes(&p, 0, 8);
     PipelineOptions {
         schedule: ScheduleOptions {
             budget,

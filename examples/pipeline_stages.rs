@@ -35,7 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runs: usize = args.get(2).map_or(Ok(1), |s| s.parse())?;
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("benches/data/{name}.program.json.gz"));
-    let bytes = zerosched::io::read_bytes(&path)?;
+    let bytes = zerosched_api::io::read_bytes(&path)?;
     for _ in 0..runs {
         let mut line = String::new();
         let mut lap = |stage: &str, t: Instant| {
@@ -47,7 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         let mut p = zerosched_ir::import(&bytes)?;
         lap("import", t);
-        let budget = 2 * zerosched::budget::layer_bytes(&p, 0, 8);
+        let budget = 2 * zerosched_api::budget::layer_bytes(&p, 0, 8);
         let opts = PipelineOptions {
             schedule: ScheduleOptions {
                 budget,

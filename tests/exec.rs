@@ -17,10 +17,11 @@
 //!   `dry_run_measures_the_simulated_peaks` for the timed case).
 
 use std::collections::BTreeSet;
-use zerosched::exec::cpu::{Cpu, Tensor, sum_in_rank_order};
-use zerosched::exec::inputs::Inputs;
-use zerosched::exec::world::{run_program, unshard};
-use zerosched::exec::{ExecError, ExecOptions, Executor, ProgramRun};
+use zerosched_exec::host::Tensor;
+use zerosched_exec::inputs::Inputs;
+use zerosched_exec::world::{run_program, unshard};
+use zerosched_exec::{ExecError, ExecOptions, Executor, ProgramRun};
+use zerosched_exec_cpu::{Cpu, sum_in_rank_order};
 use zerosched_ir::{Graph, Program};
 use zerosched_passes::checker::{CheckOptions, check_program};
 use zerosched_passes::cost::{CollectiveModel, CostModel};
@@ -32,7 +33,7 @@ const SEED: u64 = 7;
 
 fn fixture(name: &str) -> Program {
     let path = format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"));
-    zerosched::io::read_program(std::path::Path::new(&path)).expect("fixture")
+    zerosched_api::io::read_program(std::path::Path::new(&path)).expect("fixture")
 }
 
 fn schedule(p: &Program, scheduler: &str, world: u32) -> Program {
@@ -383,7 +384,7 @@ fn simulate(p: &Program, world: u32, cost: CostModel) -> zerosched_passes::simul
 /// for some standalone backward graphs, whose reductions queue behind their own gathers.
 #[test]
 fn dry_run_measures_the_simulated_peaks() {
-    use zerosched::exec::dry::Dry;
+    use zerosched_exec::dry::Dry;
     let mut paths: Vec<String> = PROGRAMS
         .iter()
         .chain(GRAPHS)
@@ -395,7 +396,7 @@ fn dry_run_measures_the_simulated_peaks() {
     ));
     let mut held_longer = 0;
     for path in &paths {
-        let p = zerosched::io::read_program(std::path::Path::new(path)).expect("read");
+        let p = zerosched_api::io::read_program(std::path::Path::new(path)).expect("read");
         for world in [2, 4, 8] {
             for s in NAMES {
                 let sp = schedule(&p, s, world);
@@ -453,7 +454,7 @@ fn run_with(p: &Program, inputs: &Inputs) -> Result<ProgramRun<Tensor>, ExecErro
 
 fn write_npy(dir: &std::path::Path, name: &str, t: &Tensor) {
     use ndarray_npy::WriteNpyExt;
-    use zerosched::exec::cpu::tensor::Data;
+    use zerosched_exec::host::Data;
     let f = std::fs::File::create(dir.join(format!("{name}.npy"))).expect("create");
     match &t.data {
         Data::F32(a) => a.write_npy(f),
@@ -569,7 +570,7 @@ fn inputs_from_a_safetensors_file() {
 /// input, the graph and the field; so is a name the program does not have.
 #[test]
 fn inputs_that_do_not_fit_are_refused() {
-    use zerosched::exec::inputs::InputError;
+    use zerosched_exec::inputs::InputError;
     let p = fixture("llama_fwd_0");
     let drawn = drawn_inputs(&p, SEED);
     let (tokens, t) = drawn

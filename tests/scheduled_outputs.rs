@@ -40,9 +40,9 @@ fn pipeline_outputs_match_the_pinned_digests() {
     }
     let mut actual = String::new();
     for path in &inputs {
-        let bytes = zerosched::io::read_bytes(path).expect("fixture reads");
+        let bytes = zerosched_api::io::read_bytes(path).expect("fixture reads");
         let program = zerosched_ir::import(&bytes).expect("fixture imports");
-        let layer = zerosched::budget::layer_bytes(&program, 0, 8);
+        let layer = zerosched_api::budget::layer_bytes(&program, 0, 8);
         // Unlimited, two layers' worth, and one layer's worth (infeasible for some).
         let mut budgets = vec![u64::MAX];
         if layer > 0 {

@@ -8,7 +8,7 @@ use pyo3::exceptions::{PyException, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use serde::de::DeserializeOwned;
-use zerosched::request::{self, CheckRequest, Error, ScheduleRequest};
+use zerosched_api::request::{self, CheckRequest, Error, ScheduleRequest};
 
 create_exception!(
     zerosched,

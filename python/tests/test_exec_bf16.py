@@ -1,7 +1,7 @@
 """The CPU executor's bf16 arithmetic against PyTorch's on the CPU.
 
 The executor computes a bf16 op in f32 and rounds the result once to bf16, to nearest with
-ties to even (src/exec/cpu/tensor.rs). These tests trace small bf16 functions to aten graphs
+ties to even (exec/core/src/host.rs). These tests trace small bf16 functions to aten graphs
 (make_fx), export them with the project's exporter, run them with `zerosched run` on inputs
 given in a safetensors file, and compare every output with torch's eager result:
 

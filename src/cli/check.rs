@@ -1,6 +1,6 @@
 use super::Failure;
 use std::path::PathBuf;
-use zerosched::request::CheckRequest;
+use zerosched_api::request::CheckRequest;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -22,7 +22,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     };
     let summary = request.run(&label, &program)?;
     println!("{label}: ok");
-    print!("{}", zerosched::summary::table(&program));
+    print!("{}", zerosched_api::summary::table(&program));
     for r in summary.schedules {
         println!(
             "schedule of {}: ok ({} gathers, {} reuses, {} releases, {} keeps, {} reductions, peak gathered {})",
@@ -32,7 +32,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
             r.releases,
             r.keeps,
             r.reductions,
-            zerosched::summary::bytes(r.peak_gathered)
+            zerosched_api::summary::bytes(r.peak_gathered)
         );
     }
     Ok(())
@@ -43,11 +43,11 @@ pub fn input(file: Option<&std::path::Path>) -> Result<(String, zerosched_ir::Pr
     match file {
         Some(path) => Ok((
             path.display().to_string(),
-            zerosched::io::read_program(path)?,
+            zerosched_api::io::read_program(path)?,
         )),
         None => Ok((
             "<embedded default>".to_owned(),
-            zerosched::default_program::load()?,
+            crate::default_program::load()?,
         )),
     }
 }

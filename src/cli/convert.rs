@@ -1,6 +1,6 @@
 use super::Failure;
 use std::path::PathBuf;
-use zerosched::io::{Encoding, encode, read_program, write_atomic};
+use zerosched_api::io::{Encoding, encode, read_program, write_atomic};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -3,12 +3,13 @@
 
 use super::Failure;
 use std::path::PathBuf;
-use zerosched::exec::cpu::{Cpu, Tensor};
-use zerosched::exec::dry::Dry;
-use zerosched::exec::inputs::Inputs;
-use zerosched::exec::world::run_program;
-use zerosched::exec::{Backend, ExecOptions, Executor, ProgramRun};
-use zerosched::summary::bytes;
+use zerosched_api::summary::bytes;
+use zerosched_exec::dry::Dry;
+use zerosched_exec::host::Tensor;
+use zerosched_exec::inputs::Inputs;
+use zerosched_exec::world::run_program;
+use zerosched_exec::{Backend, ExecOptions, Executor, ProgramRun};
+use zerosched_exec_cpu::Cpu;
 use zerosched_ir::Program;
 use zerosched_passes::simulate::{SimOptions, simulate_program};
 
@@ -181,6 +182,6 @@ fn write_outputs(path: &std::path::Path, run: &ProgramRun<Tensor>) -> Result<(),
         })
         .collect();
     let text = serde_json::to_string(&serde_json::json!({ "graphs": graphs }))?;
-    zerosched::io::write_atomic(path, text.as_bytes())?;
+    zerosched_api::io::write_atomic(path, text.as_bytes())?;
     Ok(())
 }

@@ -1,8 +1,8 @@
 use super::Failure;
 use std::path::PathBuf;
-use zerosched::io::{Encoding, encode, write_atomic};
-use zerosched::report::Report;
-use zerosched::request::{ScheduleRequest, Scheduled};
+use zerosched_api::io::{Encoding, encode, write_atomic};
+use zerosched_api::report::Report;
+use zerosched_api::request::{ScheduleRequest, Scheduled};
 use zerosched_passes::cost::CostModel;
 use zerosched_passes::simulate::trace::chrome_trace;
 
@@ -39,7 +39,7 @@ pub struct Args {
     trace: Option<PathBuf>,
 }
 
-pub use zerosched::request::parse_bytes;
+pub use zerosched_api::request::parse_bytes;
 
 fn request(args: &Args) -> Result<ScheduleRequest, Failure> {
     Ok(ScheduleRequest {

@@ -1,6 +1,6 @@
 use super::Failure;
 use std::path::PathBuf;
-use zerosched::report::Report;
+use zerosched_api::report::Report;
 use zerosched_passes::simulate::SimOptions;
 
 #[derive(clap::Args)]

@@ -4,9 +4,9 @@
 //! Python scalars converted to it first, as torch's CPU kernels do; comparisons in f64 when
 //! either side is floating (exact for every f32 and i64 below 2^53), else in i64.
 
-use super::tensor::{Arr, Elem, Kind, Tensor, kind};
 use super::{Env, Value, number, one, out_dtype};
 use ndarray::{ArrayD, IxDyn, Zip};
+use zerosched_exec::host::{Arr, Elem, Kind, Tensor, kind};
 use zerosched_ir::{Arg, Dtype, NodeId};
 
 pub(crate) fn bcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {

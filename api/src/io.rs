@@ -22,7 +22,8 @@ pub enum IoError {
 }
 
 /// The encodings a document can be written in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Encoding {
     Json,
     /// gzip-compressed JSON (`.json.gz`)

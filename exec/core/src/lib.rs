@@ -25,16 +25,20 @@
 //!   schedule fails loudly instead of reading stale data.
 //!
 //! A [`Backend`] supplies what differs between CPU and a device: tensors, kernels and the
-//! collectives over the world's buffers. [`cpu::Cpu`] computes; [`dry::Dry`] only carries
-//! byte sizes (`--dry-run`: allocation, liveness and collectives, no arithmetic).
+//! collectives over the world's buffers. The CPU reference backend (crate
+//! `zerosched-exec-cpu`) computes; [`dry::Dry`] only carries byte sizes (`--dry-run`:
+//! allocation, liveness and collectives, no arithmetic). Inputs and downloads travel as
+//! [`host::Tensor`]s.
+
+#![forbid(unsafe_code)]
 
 pub mod alloc;
-pub mod cpu;
 pub mod dry;
+pub mod host;
 pub mod inputs;
 pub mod world;
 
-use crate::exec::alloc::Counter;
+use crate::alloc::Counter;
 use std::collections::BTreeMap;
 use zerosched_ir::comm::{self, CommOp};
 use zerosched_ir::{Arg, Dtype, Graph, Node, NodeId, Op, Program, TensorMeta, Val};
@@ -131,10 +135,10 @@ pub trait Backend {
     fn input(
         &mut self,
         meta: &TensorMeta,
-        make: &mut dyn FnMut() -> Result<cpu::Tensor, String>,
+        make: &mut dyn FnMut() -> Result<host::Tensor, String>,
     ) -> Result<Self::Tensor, String>;
     /// The tensor's data on the host, if the backend has data.
-    fn download(&self, t: &Self::Tensor) -> Option<cpu::Tensor>;
+    fn download(&self, t: &Self::Tensor) -> Option<host::Tensor>;
     /// Rank `rank`'s shard of a full tensor: flattened, padded to a multiple of `world`.
     fn shard(&mut self, full: &Self::Tensor, world: u32, rank: u32)
     -> Result<Self::Tensor, String>;

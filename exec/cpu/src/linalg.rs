@@ -3,10 +3,10 @@
 //! deterministic: the same operands give the same bits.
 
 use super::elementwise::{Bin, binary};
-use super::tensor::{Arr, Elem, Kind, Tensor, kind};
 use super::{Env, Value, number, one, out_dtype};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, Array3, ArrayView2, Axis, Ix2, Ix3, LinalgScalar, s};
+use zerosched_exec::host::{Arr, Elem, Kind, Tensor, kind};
 use zerosched_ir::Arg;
 
 fn mat<T: Clone>(a: &Arr<T>) -> Result<ndarray::ArrayView2<'_, T>, String> {

@@ -52,12 +52,12 @@ impl Backend for Dry {
     fn input(
         &mut self,
         meta: &TensorMeta,
-        _: &mut dyn FnMut() -> Result<super::cpu::Tensor, String>,
+        _: &mut dyn FnMut() -> Result<crate::host::Tensor, String>,
     ) -> Result<DryTensor, String> {
         Ok(DryTensor::of(meta))
     }
 
-    fn download(&self, _: &DryTensor) -> Option<super::cpu::Tensor> {
+    fn download(&self, _: &DryTensor) -> Option<crate::host::Tensor> {
         None
     }
 

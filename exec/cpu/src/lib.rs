@@ -1,8 +1,11 @@
 //! The CPU reference backend: every aten op of the fixtures (docs/export.md), in f32 and
-//! f64 (bf16/f16 computed in f32 and rounded once per op: see [`tensor`]), over ndarray with
-//! matrixmultiply's GEMM. One file per op family; [`kernel`] is the dispatch table, and
+//! f64 (bf16/f16 computed in f32 and rounded once per op: see [`zerosched_exec::host`]), over ndarray
+//! with matrixmultiply's GEMM. One file per op family; [`kernel`] is the dispatch table, and
 //! [`Cpu::supports`] answers from it so that a graph with an op it lacks is refused, naming
 //! op and node, before anything runs.
+
+// `deny`, not `forbid`: ndarray's `s!` macro expands to an `allow(unsafe_code)` of its own.
+#![deny(unsafe_code)]
 
 mod create;
 mod elementwise;
@@ -11,12 +14,10 @@ mod linalg;
 mod nn;
 mod reduce;
 mod shape;
-pub mod tensor;
 
-use super::{Backend, Env, Value};
 use ndarray::{ArrayD, IxDyn};
-pub use tensor::Tensor;
-use tensor::{Data, map_data};
+use zerosched_exec::host::{self, Data, Tensor, map_data};
+use zerosched_exec::{Backend, Env, Value};
 use zerosched_ir::{Arg, Dtype, Node, NodeId, TensorMeta};
 
 type Kernel = fn(&Env<'_, Tensor>) -> Result<Value<Tensor>, String>;
@@ -243,15 +244,15 @@ pub fn sum_in_rank_order(ts: &[&Tensor]) -> Result<Tensor, String> {
     Ok(sum)
 }
 
-fn zero_like<T: tensor::Elem>(_: &[T]) -> T {
+fn zero_like<T: host::Elem>(_: &[T]) -> T {
     T::elem_zero()
 }
 
 fn cat_flat<T: Clone>(
     ts: &[Tensor],
     n: usize,
-    get: impl Fn(&Tensor) -> Option<&tensor::Arr<T>>,
-    wrap: impl Fn(tensor::Arr<T>) -> Data,
+    get: impl Fn(&Tensor) -> Option<&host::Arr<T>>,
+    wrap: impl Fn(host::Arr<T>) -> Data,
 ) -> Result<Data, String> {
     let mut v = Vec::with_capacity(n);
     for t in ts {

@@ -2,9 +2,9 @@
 //! in the output dtype's compute type, one dimension at a time from the last listed, in
 //! ndarray's fixed order: the same data gives the same bits on every run.
 
-use super::tensor::{Data, Elem, Kind, Tensor, kind};
 use super::{Env, Value, flag, int, ints, norm_dim, number, one, out_dtype};
 use ndarray::{ArrayD, ArrayView1, Axis, IxDyn, Zip};
+use zerosched_exec::host::{Data, Elem, Kind, Tensor, kind};
 use zerosched_ir::{Arg, Dtype};
 
 fn dims_of(a: Option<&Arg<zerosched_ir::NodeId>>, rank: usize) -> Result<Vec<usize>, String> {
@@ -204,7 +204,7 @@ fn select_sorted(
     vd: Dtype,
 ) -> Result<Value<Tensor>, String> {
     fn go<T: Elem>(
-        x: &super::tensor::Arr<T>,
+        x: &zerosched_exec::host::Arr<T>,
         d: usize,
         k: usize,
         descending: bool,

@@ -20,7 +20,7 @@
 //! matrix product are drawn sorted in [0, size of the dimension they split], as cumulative
 //! group ends are.
 
-use super::cpu::Tensor;
+use crate::host::Tensor;
 use ndarray::{ArrayD, IxDyn};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -132,7 +132,7 @@ impl Inputs {
         if let Some(end) = group_end(g, id) {
             // Group offsets: cumulative ends, so non-decreasing within [0, end].
             let mut t = random(&mut rng, &shape, meta.dtype, 1.0, end.saturating_add(1))?;
-            if let super::cpu::tensor::Data::I64(a) = &mut t.data {
+            if let crate::host::Data::I64(a) = &mut t.data {
                 let mut v: Vec<i64> = a.iter().copied().collect();
                 v.sort_unstable();
                 *a = ArrayD::from_shape_vec(IxDyn(&shape), v)
@@ -258,7 +258,7 @@ fn fits(
 }
 
 fn read_npy(f: &Path) -> Result<Tensor, String> {
-    use super::cpu::tensor::Data;
+    use crate::host::Data;
     use ndarray_npy::ReadNpyExt;
     let bytes = std::fs::read(f).map_err(|e| e.to_string())?;
     let b = bytes.as_slice();
@@ -312,14 +312,14 @@ fn read_safetensors(f: &Path) -> Result<Vec<(String, Tensor)>, String> {
 
 /// A safetensors tensor's bytes as a CPU tensor of the matching dtype.
 fn decode(dtype: safetensors::Dtype, shape: &[usize], data: &[u8]) -> Result<Tensor, String> {
-    use super::cpu::tensor::Data;
+    use crate::host::Data;
     use safetensors::Dtype as S;
     fn le<const W: usize>(c: &[u8]) -> [u8; W] {
         let mut b = [0; W];
         b.copy_from_slice(c);
         b
     }
-    fn arr<T: Clone>(shape: &[usize], v: Vec<T>) -> Result<super::cpu::tensor::Arr<T>, String> {
+    fn arr<T: Clone>(shape: &[usize], v: Vec<T>) -> Result<crate::host::Arr<T>, String> {
         ArrayD::from_shape_vec(IxDyn(shape), v)
             .map(ArrayD::into_shared)
             .map_err(|e| e.to_string())
@@ -378,12 +378,12 @@ fn random(
     if dtype.is_floating() {
         let v: Vec<f64> = (0..n).map(|_| (rng.unit() * 2.0 - 1.0) * scale).collect();
         let a = ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| e.to_string())?;
-        <f64 as super::cpu::tensor::Elem>::wrap(a, dtype)
+        <f64 as crate::host::Elem>::wrap(a, dtype)
     } else {
         let hi = bound.max(1);
         let v: Vec<i64> = (0..n).map(|_| (rng.next() % hi as u64) as i64).collect();
         let a = ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| e.to_string())?;
-        <i64 as super::cpu::tensor::Elem>::wrap(a, dtype)
+        <i64 as crate::host::Elem>::wrap(a, dtype)
     }
 }
 

@@ -1,5 +1,6 @@
-//! The CPU backend's tensor: an n-d ndarray (shared, copy-on-write storage) of one of four
-//! element kinds, tagged with the logical dtype.
+//! The host tensor: what inputs and downloads are, and what the CPU backend's kernels compute
+//! on. An n-d ndarray (shared, copy-on-write storage) of one of four element kinds, tagged
+//! with the logical dtype.
 //!
 //! Floating dtypes: `float64` is computed in f64; `float32`, `bfloat16` and `float16` in f32.
 //! A bf16/f16 tensor holds f32 values that are exactly representable in its dtype: every
@@ -357,11 +358,12 @@ impl Tensor {
 
 /// Applies a generic expression to the tensor's array, whatever its kind:
 /// `map_data!(t, a => expr)` where `a: &Arr<T>` and `expr: Arr<T>`.
+#[macro_export]
 macro_rules! map_data {
     ($t:expr, $a:ident => $e:expr) => {{
-        let t: &$crate::exec::cpu::tensor::Tensor = $t;
-        use $crate::exec::cpu::tensor::Data;
-        $crate::exec::cpu::tensor::Tensor {
+        let t: &$crate::host::Tensor = $t;
+        use $crate::host::Data;
+        $crate::host::Tensor {
             dtype: t.dtype,
             data: match &t.data {
                 Data::F32($a) => Data::F32($e),
@@ -372,4 +374,4 @@ macro_rules! map_data {
         }
     }};
 }
-pub(crate) use map_data;
+pub use crate::map_data;

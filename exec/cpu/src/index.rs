@@ -3,9 +3,9 @@
 //! never a panic); negative indices count from the end as in torch.
 
 use super::elementwise::bcast_shape;
-use super::tensor::{Arr, Data, Elem, Tensor};
 use super::{Env, Value, flag, int, norm_dim, number, one, out_dtype};
 use ndarray::{ArrayD, Dimension, IxDyn};
+use zerosched_exec::host::{Arr, Data, Elem, Tensor};
 use zerosched_ir::{Arg, NodeId};
 
 /// Accumulation for `index_put(accumulate=True)`.

@@ -4,18 +4,18 @@
 //! `dS = P * (dP - rowsum(dO * O))`, `dQ = scale dS K`, `dK = scale dS^T Q`. Grouped KV
 //! heads (H a multiple of the KV heads) share K and V and accumulate their gradients.
 
-use super::tensor::{Elem, Kind, Tensor, kind};
 use super::{Env, Value, flag, number, out_dtype};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, Array3, Array4, ArrayView2, ArrayView4, Axis, Ix4, IxDyn, LinalgScalar, s};
 use num_traits::Float;
+use zerosched_exec::host::{Elem, Kind, Tensor, kind};
 use zerosched_ir::Arg;
 
 trait F: Float + LinalgScalar + Elem + std::iter::Sum + std::ops::AddAssign {}
 impl F for f32 {}
 impl F for f64 {}
 
-fn view4<T: Clone>(a: &super::tensor::Arr<T>) -> Result<ArrayView4<'_, T>, String> {
+fn view4<T: Clone>(a: &zerosched_exec::host::Arr<T>) -> Result<ArrayView4<'_, T>, String> {
     a.view()
         .into_dimensionality::<Ix4>()
         .map_err(|_| format!("attention expects 4-d tensors, got {:?}", a.shape()))
@@ -53,7 +53,7 @@ fn attn_opts<T: F>(
     let mask = match n.kwargs.get("attn_mask") {
         Some(a @ Arg::Node(_)) => {
             let m = env.tensor(a)?;
-            let add: super::tensor::Arr<T> = if m.dtype == zerosched_ir::Dtype::Bool {
+            let add: zerosched_exec::host::Arr<T> = if m.dtype == zerosched_ir::Dtype::Bool {
                 bool::get(m)
                     .mapv(|keep| if keep { T::zero() } else { T::neg_infinity() })
                     .into_shared()
@@ -260,7 +260,7 @@ fn ln<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         .iter()
         .map(|&d| d.max(0) as usize)
         .product();
-    let opt = |i: usize| -> Result<Option<super::tensor::Arr<T>>, String> {
+    let opt = |i: usize| -> Result<Option<zerosched_exec::host::Arr<T>>, String> {
         match env.node().args.get(i) {
             Some(a @ Arg::Node(_)) => Ok(Some(T::get(env.tensor(a)?))),
             _ => Ok(None),

@@ -2,9 +2,9 @@
 //! slice_scatter. Every result is a tensor of its own logical shape (a view may share the
 //! input's storage or copy it: the graph is functional).
 
-use super::tensor::{Tensor, map_data};
 use super::{Env, Value, int, ints, norm_dim, number, one, out_dtype};
 use ndarray::{Axis, IxDyn, Slice};
+use zerosched_exec::host::{Tensor, map_data};
 
 fn x<'a>(env: &Env<'a, Tensor>) -> Result<&'a Tensor, String> {
     env.tensor(env.arg(0)?)
@@ -150,7 +150,7 @@ pub fn cat(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         env.node().args.get(1).map(int).transpose()?.unwrap_or(0),
         rank,
     )?;
-    use super::tensor::Data;
+    use zerosched_exec::host::Data;
     macro_rules! go {
         ($v:ident) => {{
             let views: Vec<_> = ts
@@ -234,7 +234,7 @@ pub fn constant_pad_nd(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         shape[d] += (pair[0] + pair[1]) as usize;
     }
     let fill = Tensor::scalar(value, t.dtype)?;
-    use super::tensor::Data;
+    use zerosched_exec::host::Data;
     macro_rules! go {
         ($v:ident) => {{
             let (Data::$v(src), Data::$v(f)) = (&t.data, &fill.data) else {
@@ -275,7 +275,7 @@ pub fn slice_scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     );
     let step = opt_int(env, 5, "step").unwrap_or(1).max(1) as isize;
     let sl = Slice::new(s as isize, Some(e as isize), step);
-    use super::tensor::Data;
+    use zerosched_exec::host::Data;
     macro_rules! go {
         ($v:ident) => {{
             let (Data::$v(b), Data::$v(sv)) = (&base.data, &src.data) else {

@@ -2,13 +2,13 @@
 //! reproducible). Shapes and dtypes come from the node's recorded metadata where the op's own
 //! arguments leave them implicit.
 
-use super::tensor::Tensor;
 use super::{Env, Value, ints, number, one, out_dtype, out_shape};
 use ndarray::{ArrayD, IxDyn};
+use zerosched_exec::host::Tensor;
 use zerosched_ir::{Arg, Dtype};
 
 fn filled(shape: &[usize], value: f64, dtype: Dtype) -> Result<Tensor, String> {
-    <f64 as super::tensor::Elem>::wrap(ArrayD::from_elem(IxDyn(shape), value), dtype)
+    <f64 as zerosched_exec::host::Elem>::wrap(ArrayD::from_elem(IxDyn(shape), value), dtype)
 }
 
 fn kw_dtype(env: &Env<'_, Tensor>, fallback: Dtype) -> Dtype {
@@ -64,7 +64,7 @@ pub fn arange(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let n = ((end - start) / step).ceil().max(0.0) as usize;
     let v: Vec<f64> = (0..n).map(|i| start + i as f64 * step).collect();
     let a = ArrayD::from_shape_vec(IxDyn(&[n]), v).map_err(|e| e.to_string())?;
-    one(<f64 as super::tensor::Elem>::wrap(
+    one(<f64 as zerosched_exec::host::Elem>::wrap(
         a,
         kw_dtype(env, Dtype::Int64),
     )?)
