@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import operator
 import pathlib
@@ -219,3 +220,79 @@ def test_capture_maps_params_and_grads_on_a_plain_module():
 def test_cli_rejects_missing_arguments(capsys):
     with pytest.raises(SystemExit):
         export.main([])
+
+
+# --------------------------------------------------------------------------------------------
+# any transformers architecture: --config FILE, --arch NAME --set KEY=VALUE
+# --------------------------------------------------------------------------------------------
+
+TINY_NEOX = {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "num_hidden_layers": 1,
+             "hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 128,
+             "max_position_embeddings": 64, "use_parallel_residual": True}
+
+
+def _program(out: pathlib.Path, prefix: str) -> bytes:
+    return (out / f"{prefix}.program.json").read_bytes()
+
+
+def _schedules_and_checks(data: bytes) -> dict:
+    from zerosched import _core
+
+    out, _ = _core.schedule(data, {"world_size": 2})
+    summary = json.loads(_core.check(out, {"world_size": 2}))
+    assert summary["schedules"] and all(s["gathers"] + s["reuses"] > 0 for s in summary["schedules"])
+    return json.loads(data)
+
+
+def test_a_config_file_of_an_architecture_outside_the_built_in_four_exports(tmp_path):
+    import transformers
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_NEOX))
+    assert export.main(["--config", str(cfg), "-o", str(tmp_path / "out")]) == 0
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["gpt_neox.program.json", "gpt_neox_bwd_0.json", "gpt_neox_fwd_0.json"]
+    doc = _schedules_and_checks(_program(tmp_path / "out", "gpt_neox"))
+    assert [g["kind"] for g in doc["graphs"]] == ["forward", "backward"]
+    model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**TINY_NEOX))
+    fw_params = {p["name"]: p["shape"] for p in doc["graphs"][0]["params"]}
+    assert fw_params == {n: list(p.shape) for n, p in model.named_parameters()}
+    assert {g["param"] for g in doc["graphs"][1]["grads"]} == set(fw_params)
+    # the fused QKV projection of a parallel-residual block, one parameter
+    assert fw_params["gpt_neox.layers.0.attention.query_key_value.weight"] == [96, 32]
+    # the same command gives the same bytes
+    assert export.main(["--config", str(cfg), "-o", str(tmp_path / "again")]) == 0
+    assert _program(tmp_path / "again", "gpt_neox") == _program(tmp_path / "out", "gpt_neox")
+
+
+def test_an_architecture_by_name_takes_its_defaults_and_the_overrides(tmp_path):
+    sets = ["num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64",
+            "vocab_size=128", "max_position_embeddings=32"]
+    argv = ["--arch", "bert", "--seq", "8", "--prefix", "enc", "--program-only", "-o", str(tmp_path)]
+    assert export.main(argv + [f"--set={s}" for s in sets]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["enc.program.json"]
+    doc = _schedules_and_checks(_program(tmp_path, "enc"))
+    fw = doc["graphs"][0]
+    names = {p["name"] for p in fw["params"]}
+    assert "bert.encoder.layer.0.attention.self.query.weight" in names, "BertForMaskedLM, the encoder's head"
+    assert not any(k.startswith("bert.encoder.layer.1.") for k in names), "--set num_hidden_layers=1"
+    ids = next(n for n in fw["nodes"] if n["op"] == "placeholder" and n["meta"]["val"]["dtype"] == "int64")
+    assert ids["meta"]["val"]["shape"] == [2, 8]
+    targets = {n["target"] for g in doc["graphs"] for n in g["nodes"]}
+    assert not {t for t in targets if "dropout" in t or "rand" in t}, "dropout is 0: no RNG ops"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--arch", "no_such_arch"], "neither a transformers model type"),
+    (["--arch", "bert", "--set", "num_hiden_layers=1"], "BertConfig has no field 'num_hiden_layers'"),
+])
+def test_an_architecture_export_names_what_is_wrong(tmp_path, capsys, argv, message):
+    assert export.main(argv + ["-o", str(tmp_path)]) == 1
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--arch", "bert", "--layers", "2"], ["--model", "llama", "--set", "a=1"],
+                                  ["--arch", "bert", "--config", "c.json"], ["--arch", "bert", "--set", "novalue"]])
+def test_flags_of_the_other_kind_of_model_are_refused(tmp_path, argv):
+    with pytest.raises(SystemExit):
+        export.main(argv + ["-o", str(tmp_path)])
