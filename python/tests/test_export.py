@@ -296,3 +296,53 @@ def test_an_architecture_export_names_what_is_wrong(tmp_path, capsys, argv, mess
 def test_flags_of_the_other_kind_of_model_are_refused(tmp_path, argv):
     with pytest.raises(SystemExit):
         export.main(argv + ["-o", str(tmp_path)])
+
+
+# --------------------------------------------------------------------------------------------
+# a user's own module: --module package.module:factory (export_factories.py)
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_factory_returning_a_batch_exports_its_step(tmp_path):
+    import export_factories
+
+    assert export.main(["--module", "export_factories:two_tower_batch", "-o", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "two_tower_batch.program.json", "two_tower_batch_bwd_0.json", "two_tower_batch_fwd_0.json"]
+    doc = _schedules_and_checks(_program(tmp_path, "two_tower_batch"))
+    fw, bw = doc["graphs"]
+    model, _ = export_factories.two_tower_batch()
+    assert {p["name"] for p in fw["params"]} == {n for n, _ in model.named_parameters()}
+    assert {g["param"] for g in bw["grads"]} == {n for n, _ in model.named_parameters()}
+    assert "aten.mse_loss.default" not in {n["target"] for n in fw["nodes"]}, "core ATen: mse_loss decomposed"
+
+
+def test_a_factory_returning_a_step_function_exports_it(tmp_path):
+    assert export.main(["--module", "export_factories:mlp_step", "--prefix", "mlp", "-o", str(tmp_path)]) == 0
+    doc = _schedules_and_checks(_program(tmp_path, "mlp"))
+    assert [g["kind"] for g in doc["graphs"]] == ["forward", "backward"]
+    assert [p["name"] for p in doc["graphs"][0]["params"]] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+
+
+def test_the_module_flag_works_from_the_shell(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    tests = pathlib.Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    r = subprocess.run([sys.executable, "-m", "zerosched.export", "--module", "export_factories:mlp_step",
+                        "--program-only", "-o", str(tmp_path)], cwd=tests, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "mlp_step.program.json").exists()
+
+
+@pytest.mark.parametrize("ref, message", [
+    ("export_factories:logits_only", "returned Tensor, not a scalar loss"),
+    ("export_factories:nothing", "export_factories has no 'nothing'"),
+    ("no_such_module:f", "cannot import 'no_such_module'"),
+    ("export_factories", "expected package.module:factory"),
+])
+def test_a_bad_factory_is_named_in_the_error(tmp_path, capsys, ref, message):
+    assert export.main(["--module", ref, "-o", str(tmp_path)]) == 1
+    assert message in capsys.readouterr().err

@@ -717,7 +717,7 @@ def export_step(model: torch.nn.Module, step: Callable[[torch.nn.Module], Any], 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from . import arch, models
+    from . import arch, factory, models
 
     ap = argparse.ArgumentParser(prog="python -m zerosched.export", description=__doc__.split("\n\n")[0])
     source = ap.add_argument_group("the model (one of)")
@@ -725,6 +725,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     source.add_argument("--config", metavar="FILE", help="a transformers config file (config.json)")
     source.add_argument("--arch", metavar="NAME",
                         help="a transformers model type (bert, t5, ...) or class (BertForMaskedLM) with its defaults")
+    source.add_argument("--module", metavar="PKG.MOD:FACTORY",
+                        help="a factory returning (model, example_batch) or (model, step_fn)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=arch.parse_set,
                     help="override a config field of --config/--arch (JSON value; dotted keys for sub-configs)")
     ap.add_argument("--layers", type=int)
@@ -763,12 +765,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         for spec, prefix in models.bench_specs():
             export_model(spec, a.benches, prefix=prefix, program_only=True, gzip_threshold=0)
         return 0
-    sources = [f for f in ("model", "config", "arch") if getattr(a, f)]
+    sources = [f for f in ("model", "config", "arch", "module") if getattr(a, f)]
     if len(sources) != 1 or not a.out:
-        ap.error("-o and one of --model, --config, --arch are required (or use --fixtures DIR / --benches DIR)")
+        ap.error("-o and one of --model, --config, --arch, --module are required "
+                 "(or use --fixtures DIR / --benches DIR)")
     built_in = ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "experts", "top_k",
                 "experts_impl")
     shared = ("seq", "batch", "dtype", "attn")
+    if a.module:
+        given = [f"--{k.replace('_', '-')}" for k in built_in + shared if getattr(a, k) is not None]
+        if given or a.set or a.fake:
+            ap.error(f"{', '.join(given + (['--set'] if a.set else []) + (['--fake'] if a.fake else []))}: "
+                     "the factory builds the model and its batch")
+        try:
+            model, step, prefix = factory.build(a.module)
+            export_step(model, step, a.out, prefix=a.prefix or prefix, program_only=a.program_only)
+        except ExportError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        return 0
     if a.model:
         if a.set:
             ap.error("--set applies to --config/--arch; size a built-in model with its flags (--layers ...)")
