@@ -346,3 +346,35 @@ def test_the_module_flag_works_from_the_shell(tmp_path):
 def test_a_bad_factory_is_named_in_the_error(tmp_path, capsys, ref, message):
     assert export.main(["--module", ref, "-o", str(tmp_path)]) == 1
     assert message in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# --decompositions core|none|inductor
+# --------------------------------------------------------------------------------------------
+
+#: Ops that tell the tables apart in GPT-2's step: AOTAutograd's own ops without a table, the
+#: loss and layer norm decomposed by core ATen, layer norm as var_mean under Inductor's table.
+DECOMPOSED = {
+    "none": ({"aten.nll_loss_forward.default", "aten.native_layer_norm_backward.default", "aten.t.default"},
+             {"aten.gather.default"}),
+    "core": ({"aten.gather.default", "aten.native_layer_norm.default"},
+             {"aten.nll_loss_forward.default", "aten.t.default", "aten.var_mean.correction"}),
+    "inductor": ({"aten.var_mean.correction"}, {"aten.native_layer_norm.default", "aten.t.default"}),
+}
+
+
+@pytest.mark.parametrize("mode", export.DECOMPOSITIONS)
+def test_each_decomposition_table_exports_imports_and_schedules(tmp_path, mode):
+    from zerosched import _core
+
+    argv = ["--model", "gpt2", "--decompositions", mode, "--program-only", "-o", str(tmp_path)]
+    assert export.main(argv) == 0
+    data = _program(tmp_path, "gpt2")
+    targets = {n["target"] for g in json.loads(data)["graphs"] for n in g["nodes"]}
+    present, absent = DECOMPOSED[mode]
+    assert present <= targets and not absent & targets, (present - targets, absent & targets)
+    for scheduler in ("prefetch", "jit", "deepcompile"):
+        out, _ = _core.schedule(data, {"world_size": 2, "scheduler": scheduler})
+        assert json.loads(_core.check(out, {"world_size": 2}))["schedules"], scheduler
+    if mode == "core":
+        assert data == (ROOT / "tests" / "fixtures" / "gpt2.program.json").read_bytes(), "core is the default"

@@ -385,6 +385,24 @@ def default_decompositions() -> dict:
     return {k: v for k, v in core_aten_decompositions().items() if str(k) not in KEPT_FUSED}
 
 
+#: ``--decompositions``: the table AOTAutograd applies while it traces.
+DECOMPOSITIONS = ("core", "none", "inductor")
+
+
+def decomposition_table(name: str) -> dict:
+    """``core``: :func:`default_decompositions`; ``none``: no table, AOTAutograd's default (what
+    DeepCompile and most backends receive); ``inductor``: Inductor's own table."""
+    if name == "core":
+        return default_decompositions()
+    if name == "none":
+        return {}
+    if name == "inductor":
+        from torch._inductor.decomposition import select_decomp_table
+
+        return select_decomp_table()
+    raise ExportError(f"unknown decompositions {name!r}; expected one of {DECOMPOSITIONS}")
+
+
 def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if n.op == "placeholder"]
 
@@ -668,7 +686,7 @@ def load(path: str) -> dict:
 
 
 def export_model(spec, out_dir: str, *, prefix: str | None = None, program_only: bool = False,
-                 gzip_threshold: int = GZIP_THRESHOLD, log=print) -> dict:
+                 gzip_threshold: int = GZIP_THRESHOLD, decompositions: str = "core", log=print) -> dict:
     """Build the model that ``spec`` describes (a :class:`zerosched.models.ModelSpec` or a
     :class:`zerosched.arch.ArchSpec`), capture one training step and write its files.
     Returns a small report."""
@@ -680,16 +698,16 @@ def export_model(spec, out_dir: str, *, prefix: str | None = None, program_only:
     else:
         (model, step), default_prefix = models.build(spec), models.file_prefix(spec.model)
     return export_step(model, step, out_dir, prefix=prefix or default_prefix, program_only=program_only,
-                       gzip_threshold=gzip_threshold, log=log, t0=t0)
+                       gzip_threshold=gzip_threshold, decompositions=decompositions, log=log, t0=t0)
 
 
 def export_step(model: torch.nn.Module, step: Callable[[torch.nn.Module], Any], out_dir: str, *, prefix: str,
-                program_only: bool = False, gzip_threshold: int = GZIP_THRESHOLD, log=print,
-                t0: float | None = None) -> dict:
+                program_only: bool = False, gzip_threshold: int = GZIP_THRESHOLD, decompositions: str = "core",
+                log=print, t0: float | None = None) -> dict:
     """Capture one training step (``step(compiled_model)``) of ``model`` and write its files."""
     t1 = time.perf_counter()
     t0 = t1 if t0 is None else t0
-    graphs = capture(model, step)
+    graphs = capture(model, step, decompositions=decomposition_table(decompositions))
     t2 = time.perf_counter()
     name_graphs(prefix, graphs)
     os.makedirs(out_dir, exist_ok=True)
@@ -746,6 +764,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--experts-impl", choices=["grouped_mm", "batched_mm", "eager"],
                     help="MoE experts implementation (default grouped_mm)")
     ap.add_argument("--fake", action="store_true", help="meta-device model and inputs: no real weights")
+    ap.add_argument("--decompositions", choices=DECOMPOSITIONS, default="core",
+                    help="AOTAutograd's table: core ATen (default), none (what DeepCompile sees), inductor")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prefix", help="file name prefix (default: the model name)")
     ap.add_argument("--program-only", action="store_true", help="write only the program bundle")
@@ -779,7 +799,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "the factory builds the model and its batch")
         try:
             model, step, prefix = factory.build(a.module)
-            export_step(model, step, a.out, prefix=a.prefix or prefix, program_only=a.program_only)
+            export_step(model, step, a.out, prefix=a.prefix or prefix, program_only=a.program_only,
+                        decompositions=a.decompositions)
         except ExportError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
@@ -796,7 +817,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides = {k: getattr(a, k) for k in shared if getattr(a, k) is not None}
         spec = arch.ArchSpec(config=a.config, arch=a.arch, sets=tuple(a.set), fake=a.fake, seed=a.seed, **overrides)
     try:
-        export_model(spec, a.out, prefix=a.prefix, program_only=a.program_only)
+        export_model(spec, a.out, prefix=a.prefix, program_only=a.program_only, decompositions=a.decompositions)
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
