@@ -46,6 +46,36 @@ class ArchSpec:
     seed: int = 0
 
 
+def _tiny(arch: str, **sets: Any) -> ArchSpec:
+    return ArchSpec(arch=arch, sets=tuple(sorted(sets.items())))
+
+
+#: The model-family fixtures (tests/fixtures/families, ``--fixtures``), each exported with the
+#: ``core`` and the ``none`` decompositions: tiny shapes of the architectures' own classes.
+FAMILY_FIXTURES = {
+    # an encoder: BertForMaskedLM (its decoder tied to the word embedding)
+    "bert": _tiny("bert", num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                  vocab_size=128, max_position_embeddings=32),
+    # an encoder-decoder with tied embeddings: T5ForConditionalGeneration
+    "t5": _tiny("t5", num_layers=1, d_model=32, num_heads=2, d_kv=16, d_ff=64, vocab_size=128),
+    # parallel residual with a fused QKV projection: GPTNeoXForCausalLM
+    "gpt_neox": _tiny("gpt_neox", num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64,
+                      vocab_size=128, max_position_embeddings=32),
+    # GeLU-tanh MLP with tied embeddings: GemmaForCausalLM
+    "gemma": _tiny("gemma", num_hidden_layers=2, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                   head_dim=16, intermediate_size=64, vocab_size=128, max_position_embeddings=32),
+    # mixture of experts with transformers' eager routing (a loop over the experts hit, which
+    # breaks the graph): OlmoeForCausalLM
+    "olmoe": _tiny("olmoe", num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=32, num_experts=4, num_experts_per_tok=2, vocab_size=128,
+                   max_position_embeddings=32, experts_implementation="eager"),
+    # a small ViT: ViTForImageClassification on 16x16 images, 8x8 patches
+    "vit": _tiny("vit", num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                 image_size=16, patch_size=8),
+}
+FAMILY_DECOMPOSITIONS = ("core", "none")
+
+
 def parse_set(item: str) -> tuple[str, Any]:
     """``key=value`` with a JSON value (``4``, ``true``, ``[1,2]``), or a plain string."""
     key, sep, value = item.partition("=")

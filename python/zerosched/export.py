@@ -780,6 +780,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.fixtures:
         for spec, prefix in models.fixture_specs():
             export_model(spec, a.fixtures, prefix=prefix)
+        for family, spec in arch.FAMILY_FIXTURES.items():
+            for mode in arch.FAMILY_DECOMPOSITIONS:
+                export_model(spec, os.path.join(a.fixtures, "families"), prefix=f"{family}_{mode}", program_only=True,
+                             gzip_threshold=0, decompositions=mode)
         return 0
     if a.benches:
         for spec, prefix in models.bench_specs():
