@@ -474,3 +474,26 @@ def test_a_parameter_gathered_twice_is_named_in_the_error():
     second.args = (second.args[0], 0, 10)
     with pytest.raises(zerosched.ZeroschedError, match=f"node `{second.name}`: ds_id 10 is gathered twice"):
         zds.schedule_graph(g)
+
+
+def test_install_with_dump_writes_graphs_the_command_line_reschedules_to_the_same_bytes(deepcompile_pass, tmp_path):
+    import json
+
+    from test_core import cli
+    from zerosched import dump
+
+    fw, _, bw, _ = captured("gpt2")
+    manager, indices = _manager(fw)
+    zds.install(dump=str(tmp_path))
+    for kind, cg in (("fw", fw), ("bw", bw)):
+        deepcompile_pass(_copy(cg.gm), kind == "bw", manager, indices)
+    d = tmp_path / "rank0"
+    stems = sorted(p.name[: -len(".options.json")] for p in d.glob("*.options.json"))
+    assert len(stems) == 2 and all(s.startswith("deepcompile_graph_") for s in stems), stems
+    for s in stems:
+        options = json.loads((d / f"{s}.options.json").read_text())
+        assert options["disable"] == zds.DISABLED_PASSES
+        args = dump.command_args(options, str(d / f"{s}.json"), str(d / f"{s}.cli.json"))
+        r = cli(*args)
+        assert r.returncode == 0, r.stderr
+        assert (d / f"{s}.cli.json").read_bytes() == (d / f"{s}.scheduled.json").read_bytes(), s

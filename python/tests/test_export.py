@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import operator
 import pathlib
@@ -219,3 +220,161 @@ def test_capture_maps_params_and_grads_on_a_plain_module():
 def test_cli_rejects_missing_arguments(capsys):
     with pytest.raises(SystemExit):
         export.main([])
+
+
+# --------------------------------------------------------------------------------------------
+# any transformers architecture: --config FILE, --arch NAME --set KEY=VALUE
+# --------------------------------------------------------------------------------------------
+
+TINY_NEOX = {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "num_hidden_layers": 1,
+             "hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 128,
+             "max_position_embeddings": 64, "use_parallel_residual": True}
+
+
+def _program(out: pathlib.Path, prefix: str) -> bytes:
+    return (out / f"{prefix}.program.json").read_bytes()
+
+
+def _schedules_and_checks(data: bytes) -> dict:
+    from zerosched import _core
+
+    out, _ = _core.schedule(data, {"world_size": 2})
+    summary = json.loads(_core.check(out, {"world_size": 2}))
+    assert summary["schedules"] and all(s["gathers"] + s["reuses"] > 0 for s in summary["schedules"])
+    return json.loads(data)
+
+
+def test_a_config_file_of_an_architecture_outside_the_built_in_four_exports(tmp_path):
+    import transformers
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_NEOX))
+    assert export.main(["--config", str(cfg), "-o", str(tmp_path / "out")]) == 0
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["gpt_neox.program.json", "gpt_neox_bwd_0.json", "gpt_neox_fwd_0.json"]
+    doc = _schedules_and_checks(_program(tmp_path / "out", "gpt_neox"))
+    assert [g["kind"] for g in doc["graphs"]] == ["forward", "backward"]
+    model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**TINY_NEOX))
+    fw_params = {p["name"]: p["shape"] for p in doc["graphs"][0]["params"]}
+    assert fw_params == {n: list(p.shape) for n, p in model.named_parameters()}
+    assert {g["param"] for g in doc["graphs"][1]["grads"]} == set(fw_params)
+    # the fused QKV projection of a parallel-residual block, one parameter
+    assert fw_params["gpt_neox.layers.0.attention.query_key_value.weight"] == [96, 32]
+    # the same command gives the same bytes
+    assert export.main(["--config", str(cfg), "-o", str(tmp_path / "again")]) == 0
+    assert _program(tmp_path / "again", "gpt_neox") == _program(tmp_path / "out", "gpt_neox")
+
+
+def test_an_architecture_by_name_takes_its_defaults_and_the_overrides(tmp_path):
+    sets = ["num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64",
+            "vocab_size=128", "max_position_embeddings=32"]
+    argv = ["--arch", "bert", "--seq", "8", "--prefix", "enc", "--program-only", "-o", str(tmp_path)]
+    assert export.main(argv + [f"--set={s}" for s in sets]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["enc.program.json"]
+    doc = _schedules_and_checks(_program(tmp_path, "enc"))
+    fw = doc["graphs"][0]
+    names = {p["name"] for p in fw["params"]}
+    assert "bert.encoder.layer.0.attention.self.query.weight" in names, "BertForMaskedLM, the encoder's head"
+    assert not any(k.startswith("bert.encoder.layer.1.") for k in names), "--set num_hidden_layers=1"
+    ids = next(n for n in fw["nodes"] if n["op"] == "placeholder" and n["meta"]["val"]["dtype"] == "int64")
+    assert ids["meta"]["val"]["shape"] == [2, 8]
+    targets = {n["target"] for g in doc["graphs"] for n in g["nodes"]}
+    assert not {t for t in targets if "dropout" in t or "rand" in t}, "dropout is 0: no RNG ops"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--arch", "no_such_arch"], "neither a transformers model type"),
+    (["--arch", "bert", "--set", "num_hiden_layers=1"], "BertConfig has no field 'num_hiden_layers'"),
+])
+def test_an_architecture_export_names_what_is_wrong(tmp_path, capsys, argv, message):
+    assert export.main(argv + ["-o", str(tmp_path)]) == 1
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--arch", "bert", "--layers", "2"], ["--model", "llama", "--set", "a=1"],
+                                  ["--arch", "bert", "--config", "c.json"], ["--arch", "bert", "--set", "novalue"]])
+def test_flags_of_the_other_kind_of_model_are_refused(tmp_path, argv):
+    with pytest.raises(SystemExit):
+        export.main(argv + ["-o", str(tmp_path)])
+
+
+# --------------------------------------------------------------------------------------------
+# a user's own module: --module package.module:factory (export_factories.py)
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_factory_returning_a_batch_exports_its_step(tmp_path):
+    import export_factories
+
+    assert export.main(["--module", "export_factories:two_tower_batch", "-o", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "two_tower_batch.program.json", "two_tower_batch_bwd_0.json", "two_tower_batch_fwd_0.json"]
+    doc = _schedules_and_checks(_program(tmp_path, "two_tower_batch"))
+    fw, bw = doc["graphs"]
+    model, _ = export_factories.two_tower_batch()
+    assert {p["name"] for p in fw["params"]} == {n for n, _ in model.named_parameters()}
+    assert {g["param"] for g in bw["grads"]} == {n for n, _ in model.named_parameters()}
+    assert "aten.mse_loss.default" not in {n["target"] for n in fw["nodes"]}, "core ATen: mse_loss decomposed"
+
+
+def test_a_factory_returning_a_step_function_exports_it(tmp_path):
+    assert export.main(["--module", "export_factories:mlp_step", "--prefix", "mlp", "-o", str(tmp_path)]) == 0
+    doc = _schedules_and_checks(_program(tmp_path, "mlp"))
+    assert [g["kind"] for g in doc["graphs"]] == ["forward", "backward"]
+    assert [p["name"] for p in doc["graphs"][0]["params"]] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+
+
+def test_the_module_flag_works_from_the_shell(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    tests = pathlib.Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    r = subprocess.run([sys.executable, "-m", "zerosched.export", "--module", "export_factories:mlp_step",
+                        "--program-only", "-o", str(tmp_path)], cwd=tests, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "mlp_step.program.json").exists()
+
+
+@pytest.mark.parametrize("ref, message", [
+    ("export_factories:logits_only", "returned Tensor, not a scalar loss"),
+    ("export_factories:nothing", "export_factories has no 'nothing'"),
+    ("no_such_module:f", "cannot import 'no_such_module'"),
+    ("export_factories", "expected package.module:factory"),
+])
+def test_a_bad_factory_is_named_in_the_error(tmp_path, capsys, ref, message):
+    assert export.main(["--module", ref, "-o", str(tmp_path)]) == 1
+    assert message in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# --decompositions core|none|inductor
+# --------------------------------------------------------------------------------------------
+
+#: Ops that tell the tables apart in GPT-2's step: AOTAutograd's own ops without a table, the
+#: loss and layer norm decomposed by core ATen, layer norm as var_mean under Inductor's table.
+DECOMPOSED = {
+    "none": ({"aten.nll_loss_forward.default", "aten.native_layer_norm_backward.default", "aten.t.default"},
+             {"aten.gather.default"}),
+    "core": ({"aten.gather.default", "aten.native_layer_norm.default"},
+             {"aten.nll_loss_forward.default", "aten.t.default", "aten.var_mean.correction"}),
+    "inductor": ({"aten.var_mean.correction"}, {"aten.native_layer_norm.default", "aten.t.default"}),
+}
+
+
+@pytest.mark.parametrize("mode", export.DECOMPOSITIONS)
+def test_each_decomposition_table_exports_imports_and_schedules(tmp_path, mode):
+    from zerosched import _core
+
+    argv = ["--model", "gpt2", "--decompositions", mode, "--program-only", "-o", str(tmp_path)]
+    assert export.main(argv) == 0
+    data = _program(tmp_path, "gpt2")
+    targets = {n["target"] for g in json.loads(data)["graphs"] for n in g["nodes"]}
+    present, absent = DECOMPOSED[mode]
+    assert present <= targets and not absent & targets, (present - targets, absent & targets)
+    for scheduler in ("prefetch", "jit", "deepcompile"):
+        out, _ = _core.schedule(data, {"world_size": 2, "scheduler": scheduler})
+        assert json.loads(_core.check(out, {"world_size": 2}))["schedules"], scheduler
+    if mode == "core":
+        assert data == (ROOT / "tests" / "fixtures" / "gpt2.program.json").read_bytes(), "core is the default"

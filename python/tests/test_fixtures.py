@@ -27,7 +27,8 @@ def files(d: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p for p in d.glob("*.json*") if p.name.endswith((".json", ".json.gz")))
 
 
-FIXTURE_FILES = files(FIXTURES)
+FAMILIES = FIXTURES / "families"
+FIXTURE_FILES = files(FIXTURES) + files(FAMILIES)
 BENCH_FILES = files(BENCHES)
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 NODE_VALIDATOR = jsonschema.Draft202012Validator({"$ref": "#/$defs/node", "$defs": SCHEMA["$defs"]})
@@ -76,7 +77,7 @@ def test_validates_against_schema(path):
     doc = load(path)
     errors = schema_errors(doc)
     assert not errors, f"{path.name}: {errors[0]}"
-    if path.parent == FIXTURES:  # small files: the whole document in one go as well
+    if path.parent in (FIXTURES, FAMILIES):  # small files: the whole document in one go as well
         assert VALIDATOR.is_valid(doc), path.name
 
 
@@ -249,3 +250,91 @@ def test_benches_are_large_and_sharded():
         graphs = load(p)["graphs"]
         assert any(g["kind"] == "backward" for g in graphs)
         assert all(g["params"] for g in graphs if g["kind"] == "forward")
+
+
+# --------------------------------------------------------------------------------------------
+# model families (tests/fixtures/families): other architectures, core and no decompositions
+# --------------------------------------------------------------------------------------------
+
+
+def _families() -> list[tuple[str, str]]:
+    from zerosched import arch
+
+    return [(f, m) for f in arch.FAMILY_FIXTURES for m in arch.FAMILY_DECOMPOSITIONS]
+
+
+def test_every_family_fixture_is_checked_in():
+    want = sorted(f"{f}_{m}.program.json.gz" for f, m in _families())
+    assert sorted(p.name for p in files(FAMILIES)) == want
+    for p in files(FAMILIES):
+        assert p.stat().st_size < 100_000, f"{p.name} is no longer tiny"
+
+
+def _smallest_budget(data: bytes) -> int:
+    """The smallest budget every graph's prefetch schedule fits: each refusal names the smallest
+    for the first graph over it."""
+    import zerosched
+    from zerosched import _core
+
+    budget = 1
+    for _ in range(100):
+        try:
+            _core.schedule(data, {"world_size": 2, "budget": budget})
+            return budget
+        except zerosched.OverBudgetError as e:
+            assert e.needed > budget
+            budget = e.needed
+    raise AssertionError("no budget found")
+
+
+@pytest.mark.parametrize("family, mode", _families(), ids=lambda x: x)
+def test_a_family_fixture_schedules_with_every_scheduler_and_passes_the_checker(family, mode):
+    from zerosched import _core
+
+    path = FAMILIES / f"{family}_{mode}.program.json.gz"
+    graphs = load(path)["graphs"]
+    check_program(graphs)
+    data = path.read_bytes()
+    runs = [(s, None) for s in ("prefetch", "jit", "deepcompile")] + [("prefetch", _smallest_budget(data))]
+    for scheduler, budget in runs:  # unlimited, and the smallest budget a prefetch schedule fits
+        out, _ = _core.schedule(data, {"world_size": 2, "scheduler": scheduler, "budget": budget})
+        summary = json.loads(_core.check(out, {"world_size": 2, "budget": budget}))
+        gathered = [s for s in summary["schedules"] if s["gathers"] + s["reuses"] > 0]
+        assert gathered, f"{scheduler}: no graph gathers a parameter"
+    targets = {n["target"] for g in graphs for n in g["nodes"]}
+    # AOTAutograd's own loss op survives only without a decomposition table.
+    assert ("aten.nll_loss_forward.default" in targets) == (mode == "none")
+    names = {p["name"] for g in graphs for p in g["params"]}
+    grads = {gr["param"] for g in graphs for gr in g.get("grads", [])}
+    assert grads <= names and grads
+
+
+def _params(family: str) -> set[str]:
+    return {p["name"] for g in load(FAMILIES / f"{family}_core.program.json.gz")["graphs"] for p in g["params"]}
+
+
+def test_family_fixtures_hold_what_their_family_is_chosen_for():
+    assert "bert.encoder.layer.1.attention.self.query.weight" in _params("bert")
+    t5 = _params("t5")  # encoder-decoder, the LM head tied to the shared embedding
+    assert {"shared.weight", "encoder.block.0.layer.0.SelfAttention.q.weight",
+            "decoder.block.0.layer.1.EncDecAttention.q.weight"} <= t5
+    assert "lm_head.weight" not in t5
+    assert "gpt_neox.layers.1.attention.query_key_value.weight" in _params("gpt_neox")  # fused QKV
+    gemma = _params("gemma")
+    assert "model.embed_tokens.weight" in gemma and "lm_head.weight" not in gemma  # tied
+    assert "vit.embeddings.patch_embeddings.projection.weight" in _params("vit")
+    # Eager routing: a loop over the experts hit breaks the step into many graphs.
+    olmoe = load(FAMILIES / "olmoe_none.program.json.gz")["graphs"]
+    assert len(olmoe) > 4 and any("mlp.gate.weight" in p["name"] for g in olmoe for p in g["params"])
+    gelu = {n["kwargs"].get("approximate") for g in load(FAMILIES / "gemma_core.program.json.gz")["graphs"]
+            for n in g["nodes"] if n["target"] == "aten.gelu.default"}
+    assert gelu == {"tanh"}
+
+
+def test_a_family_fixture_exports_to_the_same_bytes(tmp_path):
+    from zerosched import arch, export
+
+    export.export_model(arch.FAMILY_FIXTURES["vit"], str(tmp_path), prefix="vit_none", program_only=True,
+                        gzip_threshold=0, decompositions="none", log=lambda *_: None)
+    assert (tmp_path / "vit_none.program.json.gz").read_bytes() == (FAMILIES / "vit_none.program.json.gz").read_bytes(), \
+        "regenerate with `python -m zerosched.export --fixtures tests/fixtures`"

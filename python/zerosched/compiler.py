@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from zerosched import _core, export, rebuild, runtime
+from zerosched import _core, dump as dumping, export, rebuild, runtime
 from zerosched._core import ZeroschedError
 
 INNER = ("eager", "inductor")
@@ -46,13 +46,15 @@ _CACHE: dict[bytes, tuple[bytes, str]] = {}
 
 
 def backend(budget: int | str | None = None, scheduler: str = "prefetch", inner: str = "eager", *,
-            cost: dict | None = None, debug: bool = False) -> Callable:
+            cost: dict | None = None, debug: bool = False, dump: str | None = None) -> Callable:
     """A ``torch.compile`` backend for a model that :func:`zerosched.shard` has sharded.
 
     ``budget`` bounds the gathered parameter bytes alive at once in each graph, ``scheduler`` is
     ``prefetch``, ``jit`` or ``deepcompile`` (docs/passes.md), ``inner`` compiles the scheduled
     graphs (``"eager"``: run the FX graph; ``"inductor"``), ``cost`` is the cost model.  With
     ``debug``, every rank all-reduces a hash of each schedule and a disagreement raises.
+    ``dump`` (default ``$ZEROSCHED_DUMP``) is a directory that receives every graph scheduled,
+    with its options and result (``zerosched.dump``).
     """
     if inner not in INNER:
         raise ZeroschedError(f"zerosched.backend: inner must be one of {INNER}, not {inner!r}")
@@ -62,6 +64,7 @@ def backend(budget: int | str | None = None, scheduler: str = "prefetch", inner:
     _core.schedule(b'{"format":"fx-graph","version":1,"nodes":[{"name":"o","op":"output","target":"output",'
                    b'"args":[[]],"kwargs":{}}]}', {**options, "world_size": 1})  # refuses bad options now
     counter = [0]
+    dumper = dumping.resolve(dump)
 
     def compile_aot(dyn_gm: torch.fx.GraphModule, example_inputs: list,
                     entries: list[runtime.ShardedParam | None]) -> Callable:
@@ -79,12 +82,12 @@ def backend(budget: int | str | None = None, scheduler: str = "prefetch", inner:
 
         def fw(gm: torch.fx.GraphModule, ex: list, kind: str = "forward") -> Callable:
             params, rg = step.forward(gm)
-            return _compile(gm, ex, f"{kind}_{k}", kind, params, [], rg, opts, inner, debug)
+            return _compile(gm, ex, f"{kind}_{k}", kind, params, [], rg, opts, inner, debug, dumper=dumper)
 
         def bw(gm: torch.fx.GraphModule, ex: list) -> Callable:
             params, grads, rg = step.backward(gm)
             return _compile(gm, ex, f"backward_{k}", "backward", params, grads, rg, opts, inner, debug,
-                            persistent=step.persistent(grads))
+                            persistent=step.persistent(grads), dumper=dumper)
 
         return aot_autograd(
             fw_compiler=fw,
@@ -155,7 +158,8 @@ def _entries(dyn_gm: torch.fx.GraphModule, example_inputs: list) -> list[runtime
 
 
 def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: list, grads: list,
-             rg: dict, opts: dict, inner: str, debug: bool, persistent: frozenset[str] = frozenset()) -> Callable:
+             rg: dict, opts: dict, inner: str, debug: bool, persistent: frozenset[str] = frozenset(),
+             dumper: dumping.Dumper | None = None) -> Callable:
     t0 = time.perf_counter()
     doc = export.graph_to_doc(gm, name=name, kind=kind, params=params, grads=grads, requires_grad=rg,
                               persistent=persistent)
@@ -168,6 +172,8 @@ def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: l
     t1 = time.perf_counter()
     if hit is None:
         hit = _CACHE[key] = _core.schedule(data, opts)
+        if dumper is not None:
+            dumper.write(name, data, opts, *hit)
     else:
         STATS.cache_hits += 1
     t2 = time.perf_counter()

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.fx import Graph, Node
 
+from . import dump as dumping
 from . import export
 from ._core import OverBudgetError, ZeroschedError
 from ._core import schedule as _schedule
@@ -323,13 +324,15 @@ def rebuild(doc: dict, st: _Stripped, label: str) -> Graph:
 
 def schedule_graph(graph: Graph, *, budget: int | str | None = None, world_size: int = 1,
                    scheduler: str = "prefetch", cost: dict | None = None, label: str | None = None,
-                   owner: torch.nn.Module | None = None) -> tuple[Graph, dict]:
+                   owner: torch.nn.Module | None = None,
+                   dumper: dumping.Dumper | None = None) -> tuple[Graph, dict]:
     """Schedules a graph that DeepCompile's ``zero3_compile`` has inserted its ops into.
 
     Returns the scheduled graph (``dc`` ops, DeepSpeed's arguments) and zerosched's report.
     Raises :class:`zerosched.ZeroschedError` (the message names the graph and node) for a
     graph it cannot translate, and :class:`zerosched.OverBudgetError` when no schedule fits
-    ``budget``.
+    ``budget``. ``dumper`` writes the exported graph, the options and the result
+    (``zerosched.dump``).
     """
     gid = next((n.args[1] for n in graph.nodes if n.op == "call_function" and len(n.args) > 2
                 and getattr(n.target, "namespace", None) == "dc" and isinstance(n.args[1], int)), 0)
@@ -346,7 +349,10 @@ def schedule_graph(graph: Graph, *, budget: int | str | None = None, world_size:
     try:
         st = strip(graph, label)
         doc = to_doc(st, label, owner if owner is not None else graph.owning_module)
-        scheduled, report = _schedule(json.dumps(doc).encode(), options)
+        data = json.dumps(doc).encode()
+        scheduled, report = _schedule(data, options)
+        if dumper is not None:
+            dumper.write(label, data, options, scheduled, report)
         return rebuild(json.loads(scheduled), st, label), json.loads(report)
     finally:
         if collecting:
@@ -366,7 +372,7 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def _replacement(scheduler: str, cost: dict | None, world_size: int | None):
+def _replacement(scheduler: str, cost: dict | None, world_size: int | None, dumper: dumping.Dumper | None):
     from deepspeed.compile.list_schedule import DS_SCHEDULER_BUDGET_DIAGNOSTICS_ATTR
 
     def fast_free_schedule(graph: Graph, available_mem: int, output_size: int, debug_log: bool, *,
@@ -375,13 +381,15 @@ def _replacement(scheduler: str, cost: dict | None, world_size: int | None):
         ws = world_size or _world_size()
         overflows = []
         try:
-            out, report = schedule_graph(graph, budget=budget, world_size=ws, scheduler=scheduler, cost=cost)
+            out, report = schedule_graph(graph, budget=budget, world_size=ws, scheduler=scheduler, cost=cost,
+                                         dumper=dumper)
         except OverBudgetError as e:
             # As DeepSpeed's own scheduler does: a compile failure frees no memory, so run the
             # schedule that needs the least over the budget, and say so in the diagnostics.
             overflows.append({"source": scheduler_budget.source, "max_gathered_bytes": budget,
                               "needed_bytes": e.needed, "over_budget_bytes": e.needed - budget})
-            out, report = schedule_graph(graph, budget=e.needed, world_size=ws, scheduler=scheduler, cost=cost)
+            out, report = schedule_graph(graph, budget=e.needed, world_size=ws, scheduler=scheduler, cost=cost,
+                                         dumper=dumper)
         peak = max((g.get("peak_gathered_bytes", 0) for g in report.get("simulation", {}).get("graphs", [])),
                    default=0)
         setattr(out, DS_SCHEDULER_BUDGET_DIAGNOSTICS_ATTR, {
@@ -405,12 +413,15 @@ class Installed:
         uninstall()
 
 
-def install(*, scheduler: str = "prefetch", cost: dict | None = None, world_size: int | None = None) -> Installed:
+def install(*, scheduler: str = "prefetch", cost: dict | None = None, world_size: int | None = None,
+            dump: str | None = None) -> Installed:
     """Makes DeepCompile's ZeRO-3 pass schedule with zerosched.
 
     ``scheduler`` and ``cost`` are zerosched's options (docs/python.md); ``world_size``
     defaults to ``deepspeed.comm``'s (1 outside a distributed run). The memory budget is the
-    one DeepCompile computes from its profile. Installing again replaces the options.
+    one DeepCompile computes from its profile. ``dump`` (default ``$ZEROSCHED_DUMP``) is a
+    directory that receives every graph scheduled (``zerosched.dump``). Installing again
+    replaces the options.
     """
     from deepspeed.compile import list_schedule
     from deepspeed.compile.passes import zero3_compile
@@ -418,7 +429,7 @@ def install(*, scheduler: str = "prefetch", cost: dict | None = None, world_size
     if not _saved:
         _saved["list_schedule"] = list_schedule.fast_free_schedule
         _saved["zero3_compile"] = zero3_compile.fast_free_schedule
-    fn = _replacement(scheduler, cost, world_size)
+    fn = _replacement(scheduler, cost, world_size, dumping.resolve(dump))
     # zero3_compile imported the function by name: its module attribute is the call site.
     list_schedule.fast_free_schedule = fn
     zero3_compile.fast_free_schedule = fn

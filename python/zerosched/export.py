@@ -385,6 +385,24 @@ def default_decompositions() -> dict:
     return {k: v for k, v in core_aten_decompositions().items() if str(k) not in KEPT_FUSED}
 
 
+#: ``--decompositions``: the table AOTAutograd applies while it traces.
+DECOMPOSITIONS = ("core", "none", "inductor")
+
+
+def decomposition_table(name: str) -> dict:
+    """``core``: :func:`default_decompositions`; ``none``: no table, AOTAutograd's default (what
+    DeepCompile and most backends receive); ``inductor``: Inductor's own table."""
+    if name == "core":
+        return default_decompositions()
+    if name == "none":
+        return {}
+    if name == "inductor":
+        from torch._inductor.decomposition import select_decomp_table
+
+        return select_decomp_table()
+    raise ExportError(f"unknown decompositions {name!r}; expected one of {DECOMPOSITIONS}")
+
+
 def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if n.op == "placeholder"]
 
@@ -668,17 +686,29 @@ def load(path: str) -> dict:
 
 
 def export_model(spec, out_dir: str, *, prefix: str | None = None, program_only: bool = False,
-                 gzip_threshold: int = GZIP_THRESHOLD, log=print) -> dict:
-    """Build the model that ``spec`` (a :class:`zerosched.models.ModelSpec`) describes, capture
-    one training step and write its files.  Returns a small report."""
-    from . import models
+                 gzip_threshold: int = GZIP_THRESHOLD, decompositions: str = "core", log=print) -> dict:
+    """Build the model that ``spec`` describes (a :class:`zerosched.models.ModelSpec` or a
+    :class:`zerosched.arch.ArchSpec`), capture one training step and write its files.
+    Returns a small report."""
+    from . import arch, models
 
     t0 = time.perf_counter()
-    model, step = models.build(spec)
+    if isinstance(spec, arch.ArchSpec):
+        model, step, default_prefix = arch.build(spec)
+    else:
+        (model, step), default_prefix = models.build(spec), models.file_prefix(spec.model)
+    return export_step(model, step, out_dir, prefix=prefix or default_prefix, program_only=program_only,
+                       gzip_threshold=gzip_threshold, decompositions=decompositions, log=log, t0=t0)
+
+
+def export_step(model: torch.nn.Module, step: Callable[[torch.nn.Module], Any], out_dir: str, *, prefix: str,
+                program_only: bool = False, gzip_threshold: int = GZIP_THRESHOLD, decompositions: str = "core",
+                log=print, t0: float | None = None) -> dict:
+    """Capture one training step (``step(compiled_model)``) of ``model`` and write its files."""
     t1 = time.perf_counter()
-    graphs = capture(model, step)
+    t0 = t1 if t0 is None else t0
+    graphs = capture(model, step, decompositions=decomposition_table(decompositions))
     t2 = time.perf_counter()
-    prefix = prefix or models.file_prefix(spec.model)
     name_graphs(prefix, graphs)
     os.makedirs(out_dir, exist_ok=True)
     docs = [g.to_doc() for g in graphs]
@@ -705,10 +735,18 @@ def export_model(spec, out_dir: str, *, prefix: str | None = None, program_only:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from . import models
+    from . import arch, factory, models
 
     ap = argparse.ArgumentParser(prog="python -m zerosched.export", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", choices=sorted(models.MODELS))
+    source = ap.add_argument_group("the model (one of)")
+    source.add_argument("--model", choices=sorted(models.MODELS), help="a built-in model, sized by the flags below")
+    source.add_argument("--config", metavar="FILE", help="a transformers config file (config.json)")
+    source.add_argument("--arch", metavar="NAME",
+                        help="a transformers model type (bert, t5, ...) or class (BertForMaskedLM) with its defaults")
+    source.add_argument("--module", metavar="PKG.MOD:FACTORY",
+                        help="a factory returning (model, example_batch) or (model, step_fn)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=arch.parse_set,
+                    help="override a config field of --config/--arch (JSON value; dotted keys for sub-configs)")
     ap.add_argument("--layers", type=int)
     ap.add_argument("--hidden", type=int)
     ap.add_argument("--heads", type=int)
@@ -721,37 +759,69 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch", type=int)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"])
     ap.add_argument("--attn", choices=["sdpa", "eager", "flash"],
-                    help="attention implementation (default: sdpa; flash with --fake)")
+                    help="attention implementation (default: sdpa; flash with --fake; the architecture's own "
+                         "with --config/--arch)")
     ap.add_argument("--experts-impl", choices=["grouped_mm", "batched_mm", "eager"],
                     help="MoE experts implementation (default grouped_mm)")
     ap.add_argument("--fake", action="store_true", help="meta-device model and inputs: no real weights")
+    ap.add_argument("--decompositions", choices=DECOMPOSITIONS, default="core",
+                    help="AOTAutograd's table: core ATen (default), none (what DeepCompile sees), inductor")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prefix", help="file name prefix (default: the model name)")
     ap.add_argument("--program-only", action="store_true", help="write only the program bundle")
     ap.add_argument("-o", "--out", help="output directory")
     ap.add_argument("--fixtures", metavar="DIR", help="regenerate the checked-in fixtures into DIR")
     ap.add_argument("--benches", metavar="DIR", help="regenerate the benchmark programs into DIR")
-    a = ap.parse_args(argv)
+    try:
+        a = ap.parse_args(argv)
+    except ExportError as e:  # a malformed --set
+        ap.error(str(e))
 
     if a.fixtures:
         for spec, prefix in models.fixture_specs():
             export_model(spec, a.fixtures, prefix=prefix)
+        for family, spec in arch.FAMILY_FIXTURES.items():
+            for mode in arch.FAMILY_DECOMPOSITIONS:
+                export_model(spec, os.path.join(a.fixtures, "families"), prefix=f"{family}_{mode}", program_only=True,
+                             gzip_threshold=0, decompositions=mode)
         return 0
     if a.benches:
         for spec, prefix in models.bench_specs():
             export_model(spec, a.benches, prefix=prefix, program_only=True, gzip_threshold=0)
         return 0
-    if not a.model or not a.out:
-        ap.error("--model and -o are required (or use --fixtures DIR / --benches DIR)")
-    overrides = {
-        k: getattr(a, k)
-        for k in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "experts", "top_k", "seq",
-                  "batch", "dtype", "attn", "experts_impl")
-        if getattr(a, k) is not None
-    }
-    spec = models.ModelSpec(model=a.model, fake=a.fake, seed=a.seed, **overrides)
+    sources = [f for f in ("model", "config", "arch", "module") if getattr(a, f)]
+    if len(sources) != 1 or not a.out:
+        ap.error("-o and one of --model, --config, --arch, --module are required "
+                 "(or use --fixtures DIR / --benches DIR)")
+    built_in = ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "experts", "top_k",
+                "experts_impl")
+    shared = ("seq", "batch", "dtype", "attn")
+    if a.module:
+        given = [f"--{k.replace('_', '-')}" for k in built_in + shared if getattr(a, k) is not None]
+        if given or a.set or a.fake:
+            ap.error(f"{', '.join(given + (['--set'] if a.set else []) + (['--fake'] if a.fake else []))}: "
+                     "the factory builds the model and its batch")
+        try:
+            model, step, prefix = factory.build(a.module)
+            export_step(model, step, a.out, prefix=a.prefix or prefix, program_only=a.program_only,
+                        decompositions=a.decompositions)
+        except ExportError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        return 0
+    if a.model:
+        if a.set:
+            ap.error("--set applies to --config/--arch; size a built-in model with its flags (--layers ...)")
+        overrides = {k: getattr(a, k) for k in built_in + shared if getattr(a, k) is not None}
+        spec: Any = models.ModelSpec(model=a.model, fake=a.fake, seed=a.seed, **overrides)
+    else:
+        given = [f"--{k.replace('_', '-')}" for k in built_in if getattr(a, k) is not None]
+        if given:
+            ap.error(f"{', '.join(given)} size the built-in models; with --config/--arch use --set KEY=VALUE")
+        overrides = {k: getattr(a, k) for k in shared if getattr(a, k) is not None}
+        spec = arch.ArchSpec(config=a.config, arch=a.arch, sets=tuple(a.set), fake=a.fake, seed=a.seed, **overrides)
     try:
-        export_model(spec, a.out, prefix=a.prefix, program_only=a.program_only)
+        export_model(spec, a.out, prefix=a.prefix, program_only=a.program_only, decompositions=a.decompositions)
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
