@@ -50,3 +50,34 @@ def test_a_reference_to_an_unknown_node_is_named(graph):
     wait["args"] = [{"node": "nowhere"}]
     with pytest.raises(zerosched.ZeroschedError, match=f"node `{wait['name']}`: reference to `nowhere`"):
         rebuild.rebuild(gm, bad)
+
+
+@pytest.fixture(scope="module")
+def graph_with_constant():
+    """A graph whose constant make_fx lifts to a ``get_attr`` (``_tensor_constant0``)."""
+    gm = make_fx(lambda w, x: torch.mm(x, w) * torch.tensor([1.0, 2.0, 3.0, 4.0]), tracing_mode="real")(
+        torch.randn(4, 4), torch.randn(2, 4))
+    w = [n.name for n in gm.graph.nodes if n.op == "placeholder"][0]
+    doc = export.graph_to_doc(gm, name="g", params=[export.Param("w", w, [4, 4], "float32")])
+    scheduled, _ = zerosched.schedule(export.dumps_graph(doc).encode(), {"world_size": 2})
+    return gm, json.loads(scheduled)
+
+
+def test_a_get_attr_constant_is_bound_again_in_the_rebuilt_graph(graph_with_constant):
+    gm, doc = graph_with_constant
+    consts = [n for n in doc["nodes"] if n["op"] == "get_attr"]
+    assert [n["target"] for n in consts] == ["_tensor_constant0"], "the fixture must hold a lifted constant"
+    new = rebuild.rebuild(gm, doc)
+    node = next(n for n in new.graph.nodes if n.op == "get_attr")
+    assert node.target == "_tensor_constant0"
+    assert torch.equal(getattr(new, node.target), gm._tensor_constant0)
+    assert [u.target for u in node.users] == [torch.ops.aten.lift_fresh_copy.default], "the constant keeps its use"
+
+
+def test_a_get_attr_the_original_graph_does_not_have_is_named(graph_with_constant):
+    gm, doc = graph_with_constant
+    bad = copy.deepcopy(doc)
+    node = next(n for n in bad["nodes"] if n["op"] == "get_attr")
+    node["target"] = "_tensor_constant9"
+    with pytest.raises(zerosched.ZeroschedError, match=f"node `{node['name']}`: a get_attr of `_tensor_constant9`"):
+        rebuild.rebuild(gm, bad)

@@ -157,6 +157,9 @@ def rebuild(gm: torch.fx.GraphModule, doc: dict, drop_outputs: Sequence[int] = (
                 outs[i] = None
             g.g.output(tuple(outs))
             continue
+        if op == "get_attr":
+            env[name] = _get_attr_node(g, orig.get(name), d, where)
+            continue
         if op != "call_function":
             raise ZeroschedError(f"{where}: op `{op}` cannot appear in a scheduled graph")
         if name in buckets and len(buckets[name]) > 1:
@@ -187,6 +190,17 @@ def rebuild(gm: torch.fx.GraphModule, doc: dict, drop_outputs: Sequence[int] = (
         env[name] = node
     g.g.lint()
     return torch.fx.GraphModule(gm, g.g, class_name=type(gm).__name__)
+
+
+def _get_attr_node(g: _Graph, o: torch.fx.Node | None, d: dict, where: str) -> torch.fx.Node:
+    """A constant of the original graph (a lifted tensor constant, a buffer read as an
+    attribute), bound again to the same attribute: ``GraphModule(gm, ...)`` copies the
+    attributes its ``get_attr`` nodes name from ``gm``.  The passes never add one."""
+    if o is None or o.op != "get_attr" or o.target != d["target"]:
+        raise ZeroschedError(f"{where}: a get_attr of `{d['target']}` the original graph does not have")
+    node = g.g.create_node("get_attr", o.target, name=d["name"])
+    node.meta = dict(o.meta)
+    return node
 
 
 def _zerosched_node(g: _Graph, d: dict, env: dict[str, torch.fx.Node], where: str) -> torch.fx.Node:
