@@ -9,6 +9,7 @@ import torch
 import zerosched
 from backend_cases import MLP
 from train_cases import BUCKETING_COST
+from zerosched.compiler import STATS
 
 
 def train_and_dump(root: str, width: int, via_env: bool) -> list[str]:
@@ -37,3 +38,25 @@ def train_and_dump(root: str, width: int, via_env: bool) -> list[str]:
         torch._dynamo.reset()
     rank = torch.distributed.get_rank()
     return sorted(os.listdir(os.path.join(root, f"rank{rank}")))
+
+
+def dump_after_the_cache(root: str, width: int) -> tuple[list[str], int]:
+    """A backend without a dump compiles a first model and then the MLP (its graphs are
+    ``forward_1``, ``backward_1``); a dumping backend then compiles the same MLP, whose graphs
+    (``forward_0``, ``backward_0``) the schedule cache serves under the other names.  Returns
+    the files and the dumping backend's cache hits."""
+    torch.manual_seed(0)
+    first, model = MLP(width + 4), MLP(width)
+    handles = [zerosched.shard(first), zerosched.shard(model)]
+    plain, dumping = zerosched.backend(), zerosched.backend(dump=root)
+    try:
+        for m, backend in ((first, plain), (model, plain), (model, dumping)):
+            hits = STATS.cache_hits
+            torch._dynamo.reset()
+            torch.compile(m, backend=backend)(torch.randn(4, m.width)).backward()
+    finally:
+        for h in handles:
+            h.close()
+        torch._dynamo.reset()
+    files = sorted(os.listdir(os.path.join(root, f"rank{torch.distributed.get_rank()}")))
+    return files, STATS.cache_hits - hits  # the dumping backend's

@@ -56,6 +56,18 @@ def test_a_two_rank_run_dumps_graphs_the_command_line_reschedules_to_the_same_by
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_a_graph_the_schedule_cache_serves_is_dumped_under_its_own_name(ranks, tmp_path):
+    for rank, (files, hits) in enumerate(ranks.run(dump_cases.dump_after_the_cache, str(tmp_path), 44)):
+        assert hits == 2, "the cache should serve both graphs"
+        d = tmp_path / f"rank{rank}"
+        assert sorted(f for f in files if f.endswith(".options.json")) == [
+            "backward_0.options.json", "forward_0.options.json"], files
+        for s in ("forward_0", "backward_0"):
+            scheduled = (d / f"{s}.scheduled.json").read_bytes()
+            assert json.loads(scheduled)["name"] == s
+            assert _replay(d / s) == scheduled
+
+
 def test_a_name_dumped_twice_gets_a_suffix_and_nothing_half_written(tmp_path):
     d = dump.Dumper(str(tmp_path))
     opts = {"budget": None, "scheduler": "jit", "world_size": 1, "disable": ["keep"]}

@@ -336,5 +336,6 @@ def test_a_family_fixture_exports_to_the_same_bytes(tmp_path):
 
     export.export_model(arch.FAMILY_FIXTURES["vit"], str(tmp_path), prefix="vit_none", program_only=True,
                         gzip_threshold=0, decompositions="none", log=lambda *_: None)
-    assert (tmp_path / "vit_none.program.json.gz").read_bytes() == (FAMILIES / "vit_none.program.json.gz").read_bytes(), \
+    name = "vit_none.program.json.gz"
+    assert (tmp_path / name).read_bytes() == (FAMILIES / name).read_bytes(), \
         "regenerate with `python -m zerosched.export --fixtures tests/fixtures`"

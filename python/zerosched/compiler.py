@@ -172,10 +172,10 @@ def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: l
     t1 = time.perf_counter()
     if hit is None:
         hit = _CACHE[key] = _core.schedule(data, opts)
-        if dumper is not None:
-            dumper.write(name, data, opts, *hit)
     else:
         STATS.cache_hits += 1
+    if dumper is not None:
+        dumper.compiled(doc, opts, hit)
     t2 = time.perf_counter()
     doc = json.loads(hit[0])
     new_gm = rebuild.rebuild(gm, doc, drop_outputs=[i for _, i in grads])

@@ -1,7 +1,7 @@
 """Graphs dumped from a real run, each reproducible by the command line (docs/export.md).
 
 ``zerosched.backend(..., dump="dir/")``, ``ZEROSCHED_DUMP=dir`` and
-``zerosched.deepspeed.install(dump=...)`` write every graph that the Rust core schedules, under
+``zerosched.deepspeed.install(dump=...)`` write every graph that they schedule, under
 ``dir/rank<R>/``, as four files named after the graph:
 
 * ``<graph>.json`` -- the fx-graph v1 document exactly as it was scheduled;
@@ -85,6 +85,17 @@ class Dumper:
         d = os.path.join(self.root, f"rank{rank}")
         os.makedirs(d, exist_ok=True)
         return d
+
+    def compiled(self, doc: dict, options: dict, result: tuple[bytes, str]) -> str:
+        """Dumps a graph the backend compiled, with the schedule it got.  A schedule served from
+        the backend's cache was made for an identical graph that may have had another name: the
+        graph is then scheduled again here, which gives the same schedule under its own name."""
+        from . import _core, export
+
+        data = export.dumps_graph(doc).encode()
+        if json.loads(result[0]).get("name") != doc.get("name"):
+            result = _core.schedule(data, options)
+        return self.write(doc.get("name", "graph"), data, options, *result)
 
     def write(self, name: str, data: bytes, options: dict, scheduled: bytes, report: str) -> str:
         """Dumps one scheduled graph; returns its stem (``dir/rank0/forward_0``).  A name used

@@ -8,6 +8,9 @@ docs/fx-graph-v1.schema.json; docs/export.md describes the exporter.  The entry 
   order, with the parameter each placeholder carries;
 * :func:`graph_to_doc` -- one ``torch.fx.GraphModule`` to an fx-graph v1 document (a dict);
 * :func:`program_doc` / :func:`write_program` -- the program bundle and the files on disk;
+* :func:`export_step` -- capture one step of any module and write its files (``--module``;
+  ``--config``/``--arch`` build their model in ``zerosched.arch``);
+* :func:`decomposition_table` -- the tables of ``--decompositions``;
 * ``python -m zerosched.export`` -- the command line (see :func:`main`).
 """
 
