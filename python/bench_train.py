@@ -174,6 +174,8 @@ class Run:
             model = models.model_class(self.spec.model)(cfg)  # float32 init, as the reference
         model.loss_type = "ForCausalLM"  # GPT-2's class maps to no loss type: a logging graph break
         self.model = model.to(getattr(torch, job["dtype"])).train()
+        if self.device.type == "cuda":  # the float32 initialisation is gone: count from the bf16 model on
+            torch.cuda.reset_peak_memory_stats()
         self.params = sum(p.numel() for p in self.model.parameters())
         self.flops = flops_per_token(self.model, self.spec)
         self.engine = None
@@ -278,7 +280,6 @@ def run_job(job: dict) -> dict:
                  "micro_batch": job["micro_batch"], "seq": job["spec"]["seq"], "dtype": job["dtype"]}
     cuda = job["device"] == "cuda"
     if cuda:
-        torch.cuda.reset_peak_memory_stats()
         rec["device"] = torch.cuda.get_device_name()
     t0 = time.perf_counter()
     run = Run(job)
@@ -576,20 +577,23 @@ def main(argv=None) -> list[dict]:
         base = dict(model=model, spec=spec, dtype=args.dtype, device=args.device, steps=args.steps,
                     warmup=args.warmup, budget=_budget(args.budget), zerosched_memory=_budget(args.zerosched_memory),
                     peak_flops=peak, max_micro_batch=args.max_micro_batch, headroom=args.headroom)
-        mb = None if args.micro_batch == "auto" else int(args.micro_batch)
+        mb, found = (None, {}) if args.micro_batch == "auto" else (int(args.micro_batch), None)
         if mb is None:
             found = go({**base, "kind": "search", "config": "search", "micro_batch": 1}, f"{model}.search")
             print(f"{model}: micro-batch search {json.dumps(found)}", flush=True)
             mb = found.get("micro_batch") or None
         for config in args.configs:
             if mb is None:
-                rec = {"status": "skipped", "error": "the micro-batch search found none that fits"}
+                why = found.get("error") or "none fits"
+                rec = {"status": "skipped", "error": f"the micro-batch search: {why}"}
             else:
                 rec = go({**base, "kind": "train", "config": config, "micro_batch": mb}, f"{model}.{config}")
                 if rec.get("status") == "oom" and mb > 1:  # this configuration holds more: half the batch
                     rec = go({**base, "kind": "train", "config": config, "micro_batch": mb // 2},
                              f"{model}.{config}.half")
             rec = {"model": model, "config": config, "world_size": world, "micro_batch": mb, **rec}
+            if found is not None:
+                rec["micro_batch_search"] = found
             rows.append(rec)
             if leader:
                 with open(args.out, "a") as f:
