@@ -238,7 +238,9 @@ class Run:
         self.engine = engine
         return engine
 
-    def step(self, step: int) -> float:
+    def step(self, step: int, collectives: bool = True) -> float:
+        """One training step; the mean loss over the ranks (this rank's, without ``collectives``:
+        only the unsharded configurations can do without)."""
         import torch.distributed as dist
 
         from zerosched import models
@@ -251,7 +253,7 @@ class Run:
                 self.engine.step()
             else:
                 loss.backward()
-                if self.config in ("eager", "compile") and self.world > 1:
+                if self.config in ("eager", "compile") and self.world > 1 and collectives:
                     for p in self.model.parameters():  # data parallel without sharding
                         if p.grad is not None:
                             dist.all_reduce(p.grad)
@@ -259,6 +261,8 @@ class Run:
                 self.opt.step()
                 self.opt.zero_grad()
         t = loss.detach().float().reshape(1)
+        if not collectives:
+            return t.item()
         dist.all_reduce(t)
         return t.item() / self.world
 
@@ -322,7 +326,11 @@ def search_micro_batch(job: dict) -> dict:
     """The largest micro-batch (doubling from 1, at most ``max``) whose full training step (forward,
     backward, AdamW with its states) runs unsharded and eagerly without running out of memory and
     peaks below ``headroom`` of the device's memory. Eager keeps more activations than a compiled
-    step, which leaves room for the configurations that hold more (DeepSpeed's float32 partitions)."""
+    step, which leaves room for the configurations that hold more (DeepSpeed's float32 partitions).
+    Each rank searches on its own (a rank out of memory would leave the others waiting in a
+    collective); the ranks then take the smallest result."""
+    import torch.distributed as dist
+
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     run = Run({**job, "config": "eager", "micro_batch": 1})
     best, tried = 0, {}
@@ -331,7 +339,7 @@ def search_micro_batch(job: dict) -> dict:
         run.job["micro_batch"] = mb
         torch.cuda.reset_peak_memory_stats()
         try:
-            run.step(1)
+            run.step(1, collectives=False)
             _sync(run.device)
             peak = torch.cuda.max_memory_reserved()
         except torch.OutOfMemoryError:
@@ -342,7 +350,9 @@ def search_micro_batch(job: dict) -> dict:
         if peak is None or peak > job["headroom"] * total:
             break
         best, mb = mb, mb * 2
-    return {"micro_batch": best, "tried_gib": tried, "total_gib": total / 2**30}
+    agreed = torch.tensor([best], device=run.device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    return {"micro_batch": int(agreed.item()), "tried_gib": tried, "total_gib": total / 2**30}
 
 
 def build_deepcompile_op(job: dict) -> dict:
@@ -381,11 +391,10 @@ def worker_main(path: str) -> None:
     except Exception as e:  # noqa: BLE001  (the record says what failed; the log has the traceback)
         traceback.print_exc()
         rec = {"status": "error", "error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"}
-    if dist.get_rank() == 0:
-        tmp = job["record"] + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(rec, f)
-        os.replace(tmp, job["record"])
+    path = f"{job['record']}.{dist.get_rank()}"
+    with open(path + ".tmp", "w") as f:
+        json.dump(rec, f)
+    os.replace(path + ".tmp", path)
     # A rank that failed may leave collectives pending on others: leave without waiting for them.
     sys.stdout.flush()
     sys.stderr.flush()
@@ -439,11 +448,14 @@ def launch(job: dict, args, log: str, timeout: float, index: int) -> dict:
                     start_new_session=True))
             deadline = time.monotonic() + timeout
             timed_out = False
-            for p in procs:
+            for i, p in enumerate(procs):
+                # Once the first rank is done, the others get 30 s: one that ran out of memory
+                # leaves the rest waiting in a collective.
+                limit = deadline if i == 0 else min(deadline, time.monotonic() + 30)
                 try:
-                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    p.wait(timeout=max(0.0, limit - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    timed_out = True
+                    timed_out = i == 0
                     break
             for p in procs:  # our own ranks, each in a session of its own with its children
                 if p.poll() is None:
@@ -451,11 +463,11 @@ def launch(job: dict, args, log: str, timeout: float, index: int) -> dict:
                     p.wait()
         if timed_out:
             return {"status": "timeout", "error": f"killed after {timeout:g} s"}
-        if not os.path.exists(job["record"]):
-            if "RANK" in os.environ and os.environ["RANK"] != "0":
-                return {"status": "ok"}  # rank 0 keeps the record
-            return {"status": "error", "error": f"rank 0 wrote no record (exit {procs[0].returncode}); see {log}"}
-        with open(job["record"]) as f:
+        mine = f"{job['record']}.{ranks[0]['RANK']}"  # the record of this machine's first rank
+        if not os.path.exists(mine):
+            return {"status": "error", "error": f"rank {ranks[0]['RANK']} wrote no record (exit "
+                    f"{procs[0].returncode}); see {log}"}
+        with open(mine) as f:
             return json.load(f)
 
 
