@@ -20,11 +20,13 @@ CPU smoke (gloo, tiny models, a few steps)::
 
     PYTHONPATH=python python python/bench_train.py --tiny --nproc 2 --configs eager zerosched-eager
 
-DeepSpeed is imported only by its configurations. On a machine without it, fill ``.whl/`` with
-``scripts/gpu-bench-prepare`` and install from there (no index needed)::
+DeepSpeed is imported only by its configurations. For a machine without it (or without the
+network), ``scripts/gpu-bench-prepare`` builds the extension and fills ``.whl/``; carry both
+(git ignores them) and install from there, with ninja's directory on PATH for DeepSpeed's op
+builds::
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site:python
+    export PYTHONPATH=/tmp/site:python PATH=/tmp/site/bin:$PATH
 """
 
 from __future__ import annotations
@@ -166,7 +168,8 @@ class Run:
 
         self.job, self.config = job, job["config"]
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if job["device"] == "cuda" else torch.device("cpu")
+        cuda = job["device"] == "cuda"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         self.spec = models.ModelSpec(**job["spec"], dtype=job["dtype"])
         cfg = models.make_config(self.spec)
         torch.manual_seed(self.spec.seed)
@@ -283,8 +286,11 @@ def run_job(job: dict) -> dict:
     rec: dict = {"model": job["model"], "config": job["config"], "world_size": dist.get_world_size(),
                  "micro_batch": job["micro_batch"], "seq": job["spec"]["seq"], "dtype": job["dtype"]}
     cuda = job["device"] == "cuda"
+    peak = job["peak_flops"]
     if cuda:
         rec["device"] = torch.cuda.get_device_name()
+        if peak is None:
+            peak = next((v for k, v in PEAK_BF16.items() if k in rec["device"]), None)
     t0 = time.perf_counter()
     run = Run(job)
     rec.update(params=run.params, flops_per_token=run.flops, setup_s=time.perf_counter() - t0)
@@ -300,7 +306,6 @@ def run_job(job: dict) -> dict:
     window, median = times[w:], statistics.median(times[w:])
     tokens = rec["world_size"] * job["micro_batch"] * job["spec"]["seq"]
     tps = tokens * len(window) / sum(window)
-    peak = job["peak_flops"]
     rec.update(
         status="ok",
         tokens_per_s=tps,
@@ -390,7 +395,8 @@ def worker_main(path: str) -> None:
         rec = {"status": "oom", "error": str(e).splitlines()[0]}
     except Exception as e:  # noqa: BLE001  (the record says what failed; the log has the traceback)
         traceback.print_exc()
-        rec = {"status": "error", "error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"}
+        lines = str(e).strip().splitlines()
+        rec = {"status": "error", "error": f"{type(e).__name__}: {lines[-1] if lines else ''}"}
     path = f"{job['record']}.{dist.get_rank()}"
     with open(path + ".tmp", "w") as f:
         json.dump(rec, f)
@@ -540,22 +546,13 @@ def parse_args(argv=None):
     return args
 
 
-def _peak_flops(args) -> float | None:
-    if args.peak_tflops is not None:
-        return args.peak_tflops * 1e12
-    if args.device != "cuda":
-        return None
-    name = torch.cuda.get_device_name()
-    return next((v for k, v in PEAK_BF16.items() if k in name), None)
-
-
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     start = time.monotonic()
     log_dir = args.log_dir or os.path.join(os.path.dirname(os.path.abspath(args.out)), "bench_train_logs")
     os.makedirs(log_dir, exist_ok=True)
     leader = os.environ.get("RANK", "0") == "0"
-    peak = _peak_flops(args)
+    peak = None if args.peak_tflops is None else args.peak_tflops * 1e12  # else the job's, by device name
     world = int(os.environ.get("WORLD_SIZE", args.nproc))
     rows: list[dict] = []
     index = 0
