@@ -570,13 +570,12 @@ def main(argv=None) -> list[dict]:
         rec["wall_s"] = time.monotonic() - t
         return rec
 
-    if args.device == "cuda" and any("deepcompile" in c for c in args.configs):
-        rec = {"model": "-", "config": "deepcompile-op-build", **go(dict(kind="build", device=args.device),
-                                                                    "deepcompile-op-build")}
-        print(f"DeepCompile's op: {json.dumps(rec)}", flush=True)
+    def record(rec: dict) -> None:
         if leader:
             with open(args.out, "a") as f:
                 f.write(json.dumps(rec) + "\n")
+
+    op_built = args.device != "cuda"  # DeepCompile is skipped on the CPU
     for model in args.models:
         spec = dict((TINY if args.tiny else MODELS)[model])
         if args.seq:
@@ -592,6 +591,12 @@ def main(argv=None) -> list[dict]:
             print(f"{model}: micro-batch search {json.dumps(found)}", flush=True)
             mb = found.get("micro_batch") or None
         for config in args.configs:
+            if "deepcompile" in config and not op_built:
+                op_built = True
+                rec = {"model": "-", "config": "deepcompile-op-build",
+                       **go(dict(kind="build", device=args.device), "deepcompile-op-build")}
+                print(f"DeepCompile's op: {json.dumps(rec)}", flush=True)
+                record(rec)
             if mb is None:
                 why = found.get("error") or "none fits"
                 rec = {"status": "skipped", "error": f"the micro-batch search: {why}"}
@@ -604,9 +609,8 @@ def main(argv=None) -> list[dict]:
             if found is not None:
                 rec["micro_batch_search"] = found
             rows.append(rec)
+            record(rec)
             if leader:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
                 print(table([rec]).splitlines()[-1], flush=True)
     if leader:
         print(table(rows), flush=True)
