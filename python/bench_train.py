@@ -36,6 +36,7 @@ import inspect
 import json
 import math
 import os
+import re
 import signal
 import socket
 import statistics
@@ -319,12 +320,48 @@ def run_job(job: dict) -> dict:
     if cuda:
         rec["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         rec["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+    if job.get("profile_steps"):
+        rec["profile"] = profile_steps(run, job["steps"], job["profile_steps"])
     if job["config"].startswith("zerosched"):
         from zerosched import compiler, runtime
 
         rec["zerosched"] = dict(vars(compiler.STATS), peak_gathered_bytes=runtime.RUNTIME.peak_gathered_bytes,
                                 fallback_gathers=runtime.RUNTIME.fallback_gathers)
     return rec
+
+
+def profile_steps(run: "Run", first: int, n: int) -> dict:
+    """Host time per op over ``n`` steps after the timed ones, from torch.profiler's CPU events
+    (an op's total includes what it calls: for an inserted op, the runtime's bookkeeping and the
+    collective's launch): zerosched's inserted ops each, and the 12 heaviest ops of any kind, per
+    step; ``inserted_host_share`` is the inserted ops' host time over the profiled steps' wall time
+    (the profiler's own cost is in both)."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.device.type == "cuda" else [])
+    wall = 0.0
+    with profile(activities=acts) as prof:
+        for s in range(first + 1, first + n + 1):
+            dist.barrier()
+            t = time.perf_counter()
+            run.step(s)
+            _sync(run.device)
+            wall += time.perf_counter() - t
+    rows = {e.key: e for e in prof.key_averages()}
+
+    def row(e) -> dict:
+        return {"calls_per_step": e.count / n, "host_us_per_call": e.cpu_time_total / max(e.count, 1),
+                "host_ms_per_step": e.cpu_time_total / n / 1e3}
+
+    inserted = {k: row(e) for k, e in sorted(rows.items()) if k.startswith("zerosched::")}
+    heaviest = sorted(rows.values(), key=lambda e: -e.self_cpu_time_total)[:12]
+    host = sum(r["host_ms_per_step"] for r in inserted.values()) / 1e3
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
+    return {"steps": n, "step_s": wall / n, "inserted": inserted, "inserted_host_s_per_step": host,
+            "inserted_host_share": host * n / wall,
+            "heaviest_self": {e.key: {"self_host_ms_per_step": e.self_cpu_time_total / n / 1e3,
+                                      "calls_per_step": e.count / n} for e in heaviest}}
 
 
 def search_micro_batch(job: dict) -> dict:
@@ -426,6 +463,14 @@ def _tool_dirs() -> list[str]:
     return dirs
 
 
+def deepspeed_arch_list(value: str) -> str:
+    """``TORCH_CUDA_ARCH_LIST`` as DeepSpeed's op builder parses it: PyTorch also takes
+    architecture-specific targets such as ``9.0a`` (GPU images set them), on which DeepSpeed's
+    ``int()`` of the minor version fails, so the letter is dropped (DeepCompile's op uses no
+    architecture-specific instruction); ``+PTX`` and the separators stay."""
+    return re.sub(r"(\d+\.\d+)[a-z]\b", r"\1", value)
+
+
 def launch(job: dict, args, log: str, timeout: float, index: int) -> dict:
     """Runs ``job`` on every local rank (this machine's ranks under torchrun, else ``--nproc``
     spawned ones) and returns rank 0's record, or a timeout/error record."""
@@ -445,6 +490,8 @@ def launch(job: dict, args, log: str, timeout: float, index: int) -> dict:
                         LOCAL_WORLD_SIZE=str(args.nproc))
         env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_USE_AGENT_STORE"}
         env["PATH"] = os.pathsep.join([*_tool_dirs(), env.get("PATH", "")])
+        if "TORCH_CUDA_ARCH_LIST" in env:
+            env["TORCH_CUDA_ARCH_LIST"] = deepspeed_arch_list(env["TORCH_CUDA_ARCH_LIST"])
         procs = []
         with open(log, "w") as logf:
             for r in ranks:
@@ -515,6 +562,8 @@ def parse_args(argv=None):
     ap.add_argument("--max-micro-batch", type=int, default=32)
     ap.add_argument("--headroom", type=float, default=0.8, help="auto: the search's step must peak below this "
                     "fraction of the device's memory")
+    ap.add_argument("--profile-steps", type=int, default=0, help="after the timed steps, this many more under "
+                    "torch.profiler: host time per op (zerosched's inserted ops and the heaviest others) in the record")
     ap.add_argument("--budget", default=None, help="zerosched.backend budget (bytes or '2GiB'; default: none)")
     ap.add_argument("--zerosched-memory", default=None, help="zerosched.backend memory= for zerosched-memory")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
@@ -583,7 +632,7 @@ def main(argv=None) -> list[dict]:
         if args.layers:
             spec["layers"] = args.layers
         base = dict(model=model, spec=spec, dtype=args.dtype, device=args.device, steps=args.steps,
-                    warmup=args.warmup, budget=_budget(args.budget), zerosched_memory=_budget(args.zerosched_memory),
+                    profile_steps=args.profile_steps, warmup=args.warmup, budget=_budget(args.budget), zerosched_memory=_budget(args.zerosched_memory),
                     peak_flops=peak, max_micro_batch=args.max_micro_batch, headroom=args.headroom)
         mb, found = (None, {}) if args.micro_batch == "auto" else (int(args.micro_batch), None)
         if mb is None:

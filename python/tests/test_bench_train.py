@@ -28,7 +28,8 @@ def bench(tmp_path, *args: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     return bench(tmp_path_factory.mktemp("bench"), "--nproc", "2", "--models", "llama-1b", "--configs", "eager",
-                 "zerosched-eager", "--steps", str(STEPS), "--warmup", "2", "--dtype", "float32")
+                 "zerosched-eager", "--steps", str(STEPS), "--warmup", "2", "--dtype", "float32",
+                 "--profile-steps", "1")
 
 
 def test_one_well_formed_record_per_configuration(two_ranks):
@@ -52,8 +53,27 @@ def test_zerosched_trains_as_the_unsharded_eager_run(two_ranks):
         assert got == pytest.approx(want, rel=1e-5)
 
 
+def test_profile_counts_the_inserted_ops_host_time(two_ranks):
+    eager, zs = two_ranks
+    assert eager["profile"]["inserted"] == {}  # nothing of zerosched's in the unsharded run
+    ops = zs["profile"]["inserted"]
+    # every parameter is gathered, waited on and released once per step, in one call or a bucket's
+    assert ops["zerosched::wait"]["calls_per_step"] == ops["zerosched::release"]["calls_per_step"] > 0
+    assert ops["zerosched::reduce_grad"]["calls_per_step"] > 0
+    assert 0 < zs["profile"]["inserted_host_share"] < 1
+
+
 def test_a_configuration_past_its_time_limit_is_recorded_and_the_run_goes_on(tmp_path):
     rows = bench(tmp_path, "--models", "llama-1b", "--configs", "eager", "deepspeed-z3-deepcompile", "--steps", "2",
                  "--warmup", "1", "--timeout", "1.5")
     assert [(r["config"], r["status"]) for r in rows] == [("eager", "timeout"), ("deepspeed-z3-deepcompile", "timeout")]
     assert rows[0]["error"] == "killed after 1.5 s"
+
+
+def test_arch_list_deepspeed_can_parse():
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from bench_train import deepspeed_arch_list
+
+    assert deepspeed_arch_list("9.0a") == "9.0"
+    assert deepspeed_arch_list("8.0;9.0a;10.0a+PTX") == "8.0;9.0;10.0+PTX"
+    assert deepspeed_arch_list("7.5 8.6+PTX") == "7.5 8.6+PTX"
