@@ -20,7 +20,7 @@ use std::collections::BTreeSet;
 use zerosched_exec::host::Tensor;
 use zerosched_exec::inputs::Inputs;
 use zerosched_exec::world::{run_program, unshard};
-use zerosched_exec::{ExecError, ExecOptions, Executor, ProgramRun};
+use zerosched_exec::{ExecError, ProgramRun};
 use zerosched_exec_cpu::{Cpu, sum_in_rank_order};
 use zerosched_ir::{Graph, Program};
 use zerosched_passes::checker::{CheckOptions, check_program};
@@ -51,21 +51,16 @@ fn schedule(p: &Program, scheduler: &str, world: u32) -> Program {
     s
 }
 
-fn run(
-    p: &Program,
-    world: u32,
-    streams: Option<Vec<u32>>,
-) -> Result<ProgramRun<Tensor>, ExecError> {
+fn run(p: &Program, world: u32, streams: Option<Vec<u32>>) -> Result<ProgramRun, ExecError> {
     let inputs = Inputs {
         data_streams: streams,
         ..Inputs::new(SEED)
     };
-    let mut exec = Executor::new(Cpu, ExecOptions { world_size: world });
-    run_program(&mut exec, p, &inputs)
+    run_program(p, &inputs, world, |_| Ok(Cpu))
 }
 
 /// One-rank runs of the original, one per rank's data stream.
-fn references(p: &Program, world: u32) -> Vec<ProgramRun<Tensor>> {
+fn references(p: &Program, world: u32) -> Vec<ProgramRun> {
     (0..world)
         .map(|r| run(p, 1, Some(vec![r])).expect("reference run"))
         .collect()
@@ -101,12 +96,7 @@ fn returns_shard(g: &Graph, slot: usize) -> bool {
 
 /// Compares a scheduled run with the references; returns the parameters whose gradients it
 /// compared.
-fn compare(
-    label: &str,
-    refs: &[ProgramRun<Tensor>],
-    sched: &Program,
-    world: u32,
-) -> BTreeSet<String> {
+fn compare(label: &str, refs: &[ProgramRun], sched: &Program, world: u32) -> BTreeSet<String> {
     let got = run(sched, world, None).unwrap_or_else(|e| panic!("{label}: {e}"));
     let sim = simulate(sched, world, instant_comm());
     let checked = check_program(
@@ -346,11 +336,10 @@ fn inputs_are_seeded() {
     let p = fixture("gpt2_fwd_0");
     let a = run(&p, 1, None).expect("run");
     let b = run(&p, 1, None).expect("run");
-    let loss = |r: &ProgramRun<Tensor>| r.graphs[0].outputs[0][0].clone().expect("loss");
+    let loss = |r: &ProgramRun| r.graphs[0].outputs[0][0].clone().expect("loss");
     assert!(loss(&a).bitwise_eq(&loss(&b)));
     let inputs = Inputs::new(SEED + 1);
-    let mut exec = Executor::new(Cpu, ExecOptions { world_size: 1 });
-    let c = run_program(&mut exec, &p, &inputs).expect("run");
+    let c = run_program(&p, &inputs, 1, |_| Ok(Cpu)).expect("run");
     assert!(!loss(&a).bitwise_eq(&loss(&c)));
 }
 
@@ -400,8 +389,7 @@ fn dry_run_measures_the_simulated_peaks() {
         for world in [2, 4, 8] {
             for s in NAMES {
                 let sp = schedule(&p, s, world);
-                let mut exec = Executor::new(Dry, ExecOptions { world_size: world });
-                let got = run_program(&mut exec, &sp, &Inputs::new(0)).expect("dry run");
+                let got = run_program(&sp, &Inputs::new(0), world, |_| Ok(Dry)).expect("dry run");
                 let instant = simulate(&sp, world, instant_comm());
                 let timed = simulate(&sp, world, CostModel::default());
                 for ((g, zero), real) in got.graphs.iter().zip(&instant.graphs).zip(&timed.graphs) {
@@ -447,9 +435,8 @@ fn drawn_inputs(p: &Program, seed: u64) -> Vec<(String, Tensor)> {
     out
 }
 
-fn run_with(p: &Program, inputs: &Inputs) -> Result<ProgramRun<Tensor>, ExecError> {
-    let mut exec = Executor::new(Cpu, ExecOptions { world_size: 1 });
-    run_program(&mut exec, p, inputs)
+fn run_with(p: &Program, inputs: &Inputs) -> Result<ProgramRun, ExecError> {
+    run_program(p, inputs, 1, |_| Ok(Cpu))
 }
 
 fn write_npy(dir: &std::path::Path, name: &str, t: &Tensor) {
@@ -509,7 +496,7 @@ fn write_safetensors(path: &std::path::Path, ts: &[(String, Tensor)]) {
     std::fs::write(path, data).expect("write");
 }
 
-fn outputs(r: &ProgramRun<Tensor>) -> Vec<Tensor> {
+fn outputs(r: &ProgramRun) -> Vec<Tensor> {
     r.graphs[0].outputs[0].iter().flatten().cloned().collect()
 }
 
