@@ -612,3 +612,30 @@ fn unreadable_input_files_are_named() {
     let err = Inputs::new(0).load(&npy).expect_err("must fail");
     assert!(err.to_string().contains("x.npy"), "{err}");
 }
+
+/// A rank that fails stops the world: rank 1's backend cannot be made, rank 0 (which would wait
+/// for rank 1's shard at its first all-gather) stops instead of hanging, and the error reported
+/// is rank 1's own, not rank 0's abort.
+#[test]
+fn one_rank_failing_stops_every_rank() {
+    use zerosched_exec::BackendError;
+    let p = schedule(&fixture("llama_fwd_0"), "prefetch", 2);
+    let err = run_program(&p, &Inputs::new(SEED), 2, |rank| {
+        if rank == 1 {
+            Err(BackendError::Device("no device for rank 1".into()))
+        } else {
+            Ok(Cpu)
+        }
+    })
+    .expect_err("must fail");
+    assert!(
+        matches!(
+            &err,
+            ExecError::Rank {
+                rank: 1,
+                source: BackendError::Device(_)
+            }
+        ),
+        "{err}"
+    );
+}

@@ -221,3 +221,64 @@ where
         self.shared.changed.notify_all();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Communicator, ThreadComm};
+    use crate::CommError;
+    use crate::dry::{Dry, DryTensor};
+    use zerosched_ir::Dtype;
+
+    fn t(numel: u64) -> DryTensor {
+        DryTensor {
+            numel,
+            dtype: Dtype::Float32,
+        }
+    }
+
+    /// Collectives complete whatever order the ranks start and wait in: rank 1 starts two
+    /// before rank 0 starts any.
+    #[test]
+    fn collectives_complete_in_any_interleaving() {
+        let mut comms = ThreadComm::<DryTensor>::world(2);
+        let mut c1 = comms.pop().expect("rank 1");
+        let mut c0 = comms.pop().expect("rank 0");
+        let got = std::thread::scope(|s| {
+            let h1 = s.spawn(move || {
+                let mut b = Dry;
+                let g = c1.start_all_gather(&mut b, &t(3), Some(Dtype::BFloat16))?;
+                let r = c1.start_reduce_scatter(&mut b, &t(10))?;
+                Ok::<_, CommError>((c1.wait(&mut b, r)?, c1.wait(&mut b, g)?))
+            });
+            let mut b = Dry;
+            let g = c0.start_all_gather(&mut b, &t(3), Some(Dtype::BFloat16))?;
+            let r = c0.start_reduce_scatter(&mut b, &t(10))?;
+            let mine = (c0.wait(&mut b, g)?, c0.wait(&mut b, r)?);
+            Ok::<_, CommError>((mine, h1.join().expect("rank 1")?))
+        })
+        .expect("no failure");
+        let ((g0, r0), (r1, g1)) = got;
+        assert_eq!(g0, g1);
+        assert_eq!((g0.numel, g0.dtype), (6, Dtype::BFloat16));
+        assert_eq!((r0.numel, r1.numel), (5, 5));
+    }
+
+    /// A rank that fails aborts the world: a rank waiting for its part stops waiting.
+    #[test]
+    fn an_abort_wakes_the_ranks_that_wait() {
+        let mut comms = ThreadComm::<DryTensor>::world(2);
+        let mut c1 = comms.pop().expect("rank 1");
+        let mut c0 = comms.pop().expect("rank 0");
+        let waited = std::thread::scope(|s| {
+            let h0 = s.spawn(move || {
+                let mut b = Dry;
+                let p = c0.start_all_reduce(&mut b, &t(4))?;
+                c0.wait(&mut b, p)
+            });
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            <ThreadComm<DryTensor> as Communicator<Dry>>::abort(&mut c1);
+            h0.join().expect("rank 0")
+        });
+        assert!(matches!(waited, Err(CommError::Aborted)), "{waited:?}");
+    }
+}
