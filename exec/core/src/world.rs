@@ -129,33 +129,38 @@ where
 {
     let host = HostInputs::new(inputs);
     let world = comms.len();
-    let results: Vec<Result<RankRun, ExecError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|mut comm| {
-                let (host, backend) = (&host, &backend);
-                s.spawn(move || {
-                    let rank = comm.rank();
-                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        let b = backend(rank).map_err(|source| ExecError::Rank { rank, source })?;
-                        run_rank(plans, host, b, &mut comm)
-                    }));
-                    if !matches!(run, Ok(Ok(_))) {
-                        comm.abort();
-                    }
-                    run
-                })
-            })
-            .collect();
-        let joined: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
-        joined
-            .into_iter()
-            .map(|r| match r {
-                Ok(Ok(run)) => run,
-                Ok(Err(panic)) | Err(panic) => std::panic::resume_unwind(panic),
-            })
-            .collect()
-    });
+    // A rank's whole run; a panic aborts the world too, then goes on unwinding once every
+    // rank has stopped.
+    let rank_run = |mut comm: C| {
+        let rank = comm.rank();
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let b = backend(rank).map_err(|source| ExecError::Rank { rank, source })?;
+            run_rank(plans, &host, b, &mut comm)
+        }));
+        if !matches!(run, Ok(Ok(_))) {
+            comm.abort();
+        }
+        run
+    };
+    let finished: Vec<std::thread::Result<Result<RankRun, ExecError>>> = if world == 1 {
+        // One rank runs on the calling thread: nothing to overlap, and its warm allocator.
+        comms.into_iter().map(rank_run).collect()
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .map(|comm| s.spawn(|| rank_run(comm)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().and_then(|r| r))
+                .collect()
+        })
+    };
+    let results: Vec<Result<RankRun, ExecError>> = finished
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+        .collect();
     let mut runs = Vec::with_capacity(world);
     let mut first_err: Option<ExecError> = None;
     for r in results {
