@@ -17,10 +17,12 @@
 //!   `dry_run_measures_the_simulated_peaks` for the timed case).
 
 use std::collections::BTreeSet;
+use zerosched_exec::comm::{Communicator, ThreadComm, Ticket};
+use zerosched_exec::dry::{Dry, DryTensor};
 use zerosched_exec::host::Tensor;
 use zerosched_exec::inputs::Inputs;
 use zerosched_exec::world::{run_program, unshard};
-use zerosched_exec::{ExecError, ProgramRun};
+use zerosched_exec::{CommError, ExecError, ProgramRun};
 use zerosched_exec_cpu::{Cpu, sum_in_rank_order};
 use zerosched_ir::{Graph, Program};
 use zerosched_passes::checker::{CheckOptions, check_program};
@@ -373,7 +375,6 @@ fn simulate(p: &Program, world: u32, cost: CostModel) -> zerosched_passes::simul
 /// for some standalone backward graphs, whose reductions queue behind their own gathers.
 #[test]
 fn dry_run_measures_the_simulated_peaks() {
-    use zerosched_exec::dry::Dry;
     let mut paths: Vec<String> = PROGRAMS
         .iter()
         .chain(GRAPHS)
@@ -638,4 +639,98 @@ fn one_rank_failing_stops_every_rank() {
         ),
         "{err}"
     );
+}
+
+/// A communicator that counts the buckets it is asked to group, around a [`ThreadComm`]: the
+/// entry points take any communicator.
+struct Grouping {
+    inner: ThreadComm<DryTensor>,
+    groups: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    open: bool,
+}
+
+impl Communicator<Dry> for Grouping {
+    type Pending = Ticket;
+    fn rank(&self) -> u32 {
+        Communicator::<Dry>::rank(&self.inner)
+    }
+    fn world(&self) -> u32 {
+        Communicator::<Dry>::world(&self.inner)
+    }
+    fn start_all_gather(
+        &mut self,
+        b: &mut Dry,
+        shard: &DryTensor,
+        dtype: Option<zerosched_ir::Dtype>,
+    ) -> Result<Self::Pending, CommError> {
+        self.inner.start_all_gather(b, shard, dtype)
+    }
+    fn start_reduce_scatter(
+        &mut self,
+        b: &mut Dry,
+        grad: &DryTensor,
+    ) -> Result<Self::Pending, CommError> {
+        assert!(!self.open, "a reduction inside a bucket of gathers");
+        self.inner.start_reduce_scatter(b, grad)
+    }
+    fn start_all_reduce(
+        &mut self,
+        b: &mut Dry,
+        grad: &DryTensor,
+    ) -> Result<Self::Pending, CommError> {
+        self.inner.start_all_reduce(b, grad)
+    }
+    fn start_group(&mut self) -> Result<(), CommError> {
+        assert!(!self.open, "buckets do not nest");
+        self.open = true;
+        if self.rank() == 0 {
+            self.groups
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    }
+    fn end_group(&mut self) -> Result<(), CommError> {
+        assert!(self.open, "a bucket closed that was not open");
+        self.open = false;
+        Ok(())
+    }
+    fn wait(&mut self, b: &mut Dry, p: Self::Pending) -> Result<DryTensor, CommError> {
+        assert!(!self.open, "a wait inside a bucket");
+        self.inner.wait(b, p)
+    }
+    fn abort(&mut self) {
+        Communicator::<Dry>::abort(&mut self.inner)
+    }
+}
+
+/// The executor groups a bucket's gathers into one collective where the simulator does: as
+/// many groups as the simulated program has buckets, on every scheduler.
+#[test]
+fn buckets_are_grouped_as_the_simulator_groups_them() {
+    let p = zerosched_api::io::read_program(std::path::Path::new(&format!(
+        "{}/benches/data/llama70b_l8.program.json.gz",
+        env!("CARGO_MANIFEST_DIR")
+    )))
+    .expect("read");
+    let mut total = 0;
+    for s in NAMES {
+        let sp = schedule(&p, s, 4);
+        let plans = zerosched_exec::plans::<Dry>(&sp).expect("plans");
+        let groups = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let comms = ThreadComm::world(4)
+            .into_iter()
+            .map(|inner| Grouping {
+                inner,
+                groups: groups.clone(),
+                open: false,
+            })
+            .collect();
+        zerosched_exec::world::run_threads(&plans, &Inputs::new(0), comms, |_| Ok(Dry))
+            .expect("dry run");
+        let want = simulate(&sp, 4, CostModel::default()).total.buckets;
+        let got = groups.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(got, want, "{s}");
+        total += got;
+    }
+    assert!(total > 0, "no scheduler made a bucket");
 }

@@ -36,6 +36,15 @@ pub trait Communicator<B: Backend> {
         backend: &mut B,
         grad: &B::Tensor,
     ) -> Result<Self::Pending, CommError>;
+    /// The collectives started from here to [`Communicator::end_group`] are one bucket (the
+    /// adjacent all-gathers of a `bucket` id), which a library may issue as one grouped call.
+    /// By default each is issued alone.
+    fn start_group(&mut self) -> Result<(), CommError> {
+        Ok(())
+    }
+    fn end_group(&mut self) -> Result<(), CommError> {
+        Ok(())
+    }
     /// The collective's result, once this rank's later work may use it.
     fn wait(&mut self, backend: &mut B, pending: Self::Pending) -> Result<B::Tensor, CommError>;
     /// This rank failed: every rank waiting on a collective, now or later, gets

@@ -32,6 +32,9 @@ pub struct Plan<'g, B: Backend> {
     pub(crate) param: Vec<Option<usize>>,
     /// Per compute node, its kernel.
     kernels: Vec<Option<B::Kernel>>,
+    /// Per all-gather: it opens (`.0`) or closes (`.1`) a bucket of several adjacent gathers
+    /// sharing a `bucket` id, the simulator's rule for one collective.
+    pub(crate) group: Vec<(bool, bool)>,
     /// Reuse nodes, whose buffers are resident before the first node runs.
     pub(crate) reuses: Vec<NodeId>,
     /// Whether the graph holds inserted ops (its parameters are then sharded).
@@ -160,6 +163,7 @@ impl<'g, B: Backend> Plan<'g, B> {
             }
         }
         let (mem_start, members) = csr(&member_lists);
+        let group = buckets(g, &comm);
         Plan {
             g,
             comm,
@@ -174,6 +178,7 @@ impl<'g, B: Backend> Plan<'g, B> {
             sharded_input,
             param,
             kernels,
+            group,
             reuses,
             inserted,
         }
@@ -213,6 +218,35 @@ impl<'g, B: Backend> Plan<'g, B> {
             p.name.as_str(),
         ))
     }
+}
+
+/// Which all-gathers open and close a bucket: runs of adjacent gathers (in the graph's order)
+/// with the same `bucket` id, of two or more.
+fn buckets(g: &Graph, comm: &[Option<CommOp>]) -> Vec<(bool, bool)> {
+    let mut group = vec![(false, false); g.node_bound()];
+    let bucket_of = |id: NodeId| {
+        (comm[id.index()] == Some(CommOp::AllGather))
+            .then(|| zerosched_ir::comm::bucket(g.node(id)))
+            .flatten()
+    };
+    let order = g.order();
+    let mut i = 0;
+    while i < order.len() {
+        let Some(b) = bucket_of(order[i]) else {
+            i += 1;
+            continue;
+        };
+        let len = order[i..]
+            .iter()
+            .take_while(|&&id| bucket_of(id) == Some(b))
+            .count();
+        if len > 1 {
+            group[order[i].index()].0 = true;
+            group[order[i + len - 1].index()].1 = true;
+        }
+        i += len;
+    }
+    group
 }
 
 fn csr<T: Copy>(lists: &[Vec<T>]) -> (Vec<u32>, Vec<T>) {

@@ -261,8 +261,15 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
             .numel(t)
             .saturating_mul(u64::from(self.comm.world()))
             .saturating_mul(elem);
-        let p = self.comm.start_all_gather(&mut self.backend, t, dtype)?;
         let i = id.index();
+        let (opens, closes) = plan.group[i];
+        if opens {
+            self.comm.start_group()?;
+        }
+        let p = self.comm.start_all_gather(&mut self.backend, t, dtype)?;
+        if closes {
+            self.comm.end_group()?;
+        }
         w.pending[i] = Some(p);
         w.bytes[i] = bytes;
         w.state[i] = State::Live;
