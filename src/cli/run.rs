@@ -45,7 +45,7 @@ pub struct Args {
     /// The memory the run may use (bytes, or with a unit: `64GiB`), instead of what the host
     /// has available (`MemAvailable` in /proc/meminfo). A run whose dry-run peak (summed over
     /// the ranks, plus the full parameters) exceeds it is refused before it starts.
-    #[arg(long, value_parser = zerosched_api::request::parse_bytes)]
+    #[arg(long, value_name = "BYTES", value_parser = zerosched_api::request::parse_bytes)]
     memory_limit: Option<u64>,
 }
 
