@@ -154,6 +154,7 @@ fn ratio(step: f64, bound: f64) -> f64 {
 }
 
 pub fn simulate_graph(g: &Graph, opts: &SimOptions) -> GraphSim {
+    let _span = tracing::info_span!("simulate", graph = g.label()).entered();
     let mut sim = Sim::new(g, opts);
     sim.run();
     let Sim {
@@ -392,6 +393,12 @@ impl<'a> Sim<'a> {
     fn stall_until(&mut self, id: NodeId, ready: f64) {
         let start = self.t_compute;
         if ready > start {
+            tracing::debug!(
+                at = %self.g.node(id).name,
+                start_ms = start,
+                stall_ms = ready - start,
+                "compute stalled: the communication it waits for is not done"
+            );
             self.stall += ready - start;
             self.t_compute = ready;
             self.push_span(id, start);
