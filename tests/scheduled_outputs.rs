@@ -14,7 +14,7 @@ mod common;
 
 use std::fmt::Write;
 use std::path::Path;
-use zerosched_ir::comm::{self, CommOp};
+use zerosched_ir::comm::{CommOp, Inserted};
 use zerosched_ir::{Graph, Program};
 use zerosched_passes::pipeline::{self, Context, PipelineOptions};
 use zerosched_passes::schedule::{NAMES, ScheduleOptions};
@@ -53,12 +53,14 @@ fn kind_name(op: CommOp) -> &'static str {
 fn inserted_order(g: &Graph, out: &mut String) {
     let mut line: Option<(String, Vec<String>)> = None;
     for (_, n) in g.nodes() {
-        let Some(op) = CommOp::of(n) else { continue };
-        let head = match (op, comm::bucket(n)) {
-            (CommOp::AllGather, Some(b)) => format!("allgather bucket {b}"),
-            _ => kind_name(op).to_owned(),
+        let Some(op) = Inserted::of(n) else { continue };
+        let head = match op {
+            Inserted::AllGather {
+                bucket: Some(b), ..
+            } => format!("allgather bucket {b}"),
+            _ => kind_name(op.op()).to_owned(),
         };
-        let param = comm::param_name(n).unwrap_or("").to_owned();
+        let param = op.param().unwrap_or("").to_owned();
         match &mut line {
             Some((h, params)) if *h == head => params.push(param),
             _ => {

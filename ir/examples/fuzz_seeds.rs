@@ -23,7 +23,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut runner = TestRunner::deterministic();
     let strategy = testing::program(&Config::small());
     for i in 0..64 {
-        let p = strategy.new_tree(&mut runner)?.current();
+        let p = strategy
+            .new_tree(&mut runner)
+            .map_err(|r| r.to_string())?
+            .current();
         std::fs::write(
             jdir.join(format!("generated_{i:02}.json")),
             json::export(&p),

@@ -113,7 +113,7 @@ mod tests {
             "aten.sum.dim_IntList",
             vec![Arg::Node(x), Arg::List(vec![Arg::Int(0)]), Arg::Float(0.5)],
         );
-        n.kwargs.insert("dtype".into(), Arg::Dtype(Dtype::BFloat16));
+        n.kwargs.insert("dtype", Arg::Dtype(Dtype::BFloat16));
         g.push(n).expect("fresh name");
         let text = program(&Program::single(g));
         assert_eq!(

@@ -701,7 +701,7 @@ impl<B: Backend> Executor<B> {
                 }
                 Some(CommOp::ReduceGrad) => {
                     let grad = first_arg(n).ok_or_else(|| node_err(id, "no gradient".into()))?;
-                    let sharded = !matches!(n.kwargs.get("sharded"), Some(Arg::Bool(false)));
+                    let sharded = zerosched_ir::comm::reduce_sharded(n);
                     let grads: Vec<&B::Tensor> = ranks
                         .iter()
                         .map(|rk| match &rk.values[grad.index()] {

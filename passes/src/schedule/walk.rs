@@ -85,7 +85,7 @@ pub(super) fn run(
         for m in members {
             let n = g.node(m);
             let (args, mut kwargs) = (n.args.clone(), n.kwargs.clone());
-            kwargs.insert("bucket", Arg::Int(id as i64));
+            zerosched_ir::comm::set_bucket(&mut kwargs, id as i64);
             g.set_args(m, args, kwargs).map_err(bad)?;
         }
     }
@@ -498,9 +498,10 @@ impl<'a> Walk<'a> {
             let n = self.g.node(r);
             let bytes = n.meta.val.as_ref().and_then(|v| v.nbytes()).unwrap_or(0);
             // A persistent parameter's gradient is all-reduced, not scattered.
-            let kind = match n.kwargs.get("sharded") {
-                Some(Arg::Bool(false)) => Collective::AllReduce,
-                _ => Collective::ReduceScatter,
+            let kind = if zerosched_ir::comm::reduce_sharded(n) {
+                Collective::ReduceScatter
+            } else {
+                Collective::AllReduce
             };
             let start = self.t_compute.max(self.t_comm);
             self.t_comm = start

@@ -442,7 +442,7 @@ impl<'a> Sim<'a> {
 
     fn issue_reduce(&mut self, id: NodeId) {
         let n = self.g.node(id);
-        let kind = if sharded(n) {
+        let kind = if comm::reduce_sharded(n) {
             Collective::ReduceScatter
         } else {
             Collective::AllReduce
@@ -495,11 +495,6 @@ fn first_arg(n: &zerosched_ir::Node) -> Option<NodeId> {
     n.args.first().and_then(Arg::as_node).copied()
 }
 
-/// A reduction's `sharded` keyword: a reduce-scatter unless it says `false` (all-reduce).
-fn sharded(n: &zerosched_ir::Node) -> bool {
-    !matches!(n.kwargs.get("sharded"), Some(Arg::Bool(false)))
-}
-
 fn val_bytes(g: &Graph, id: NodeId) -> Option<u64> {
     g.node(id).meta.val.as_ref().and_then(Val::nbytes)
 }
@@ -535,7 +530,7 @@ fn storage_bytes(
             })
             .or_else(|| val_bytes(g, id))
             .unwrap_or(0),
-        Some(CommOp::ReduceGrad) if sharded(n) => {
+        Some(CommOp::ReduceGrad) if comm::reduce_sharded(n) => {
             // One rank's shard, padded per element as the executor holds it.
             match &n.meta.val {
                 Some(Val::Tensor(t)) => t
