@@ -75,3 +75,9 @@ def test_zoo_model_trains_as_the_unsharded_eager_model(zoo, row):
     for r in (r0, r1):
         worst = max(r["param_err"].items(), key=lambda kv: kv[1])
         assert worst[1] <= rtol, f"parameter {worst[0]} differs from the reference by {worst[1]:.2e}"
+
+
+def test_every_variant_runs_on_a_dense_model_and_a_mixture_of_experts():
+    for variant, models in VARIANT_MODELS.items():
+        assert {zoo_cases.BY_NAME[m].moe for m in models} == {False, True}, variant
+    assert len(zoo_cases.ZOO) >= 20 and len({m.family for m in zoo_cases.ZOO}) >= 18

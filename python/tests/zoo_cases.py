@@ -93,7 +93,9 @@ ZOO: list[Model] = [
           {**_DEC, **_MOE, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
            "shared_expert_intermediate_size": 32}, moe=True),
     Model("deepseek_v3", "DeepSeek-V3", "DeepseekV3ForCausalLM",
-          {**_DEC, **_MOE, "num_key_value_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+          # multi-head latent attention: as many key/value heads as query heads
+          {**_DEC, **_MOE, "num_key_value_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+           "n_shared_experts": 1,
            "moe_intermediate_size": 32, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
            "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8},
           moe=True),
@@ -233,7 +235,8 @@ def train_one(name: str, variant: str, inner: str) -> dict:
             out["ref_loss"].append(total)
             out["gathered_between"].append(sharded.gathered())
             out["bytes_between"].append(runtime.RUNTIME.gathered_bytes)
-            out["model_grads"].append([e.name for e in sharded.entries if not e.persistent and e.param.grad is not None])
+            out["model_grads"].append(
+                [e.name for e in sharded.entries if not e.persistent and e.param.grad is not None])
         full = sharded.full_parameters()
         ref_params = dict(ref.named_parameters())
         out["param_err"] = {e.name: param_err(full[e.name], ref_params[e.name].detach()) for e in sharded.entries}

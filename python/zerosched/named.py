@@ -10,6 +10,7 @@ backend as they are.  docs/python.md describes them.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from typing import Any, Callable
@@ -82,9 +83,28 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: dict 
 
 
 def register() -> None:
-    """Registers :func:`compile_graph` with dynamo (once per process)."""
+    """Registers :func:`compile_graph` with dynamo (once per process), and the name with
+    accelerate where it is installed."""
     from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 
     if _COMPILER_FNS.get(NAME) is not compile_graph:
         _COMPILER_FNS.pop(NAME, None)
         register_backend(compile_graph, name=NAME)
+    if importlib.util.find_spec("accelerate") is not None:
+        _register_with_accelerate()
+
+
+def _register_with_accelerate() -> None:
+    """transformers' ``Trainer`` compiles through accelerate, whose ``TorchDynamoPlugin`` takes
+    the backend's name only if its ``DynamoBackend`` enum lists it (it then calls
+    ``torch.compile(backend=name.lower())``).  The enum gets a member ``ZEROSCHED``."""
+    from accelerate.utils.dataclasses import DynamoBackend
+
+    value = NAME.upper()
+    if value in DynamoBackend._value2member_map_:
+        return
+    member = str.__new__(DynamoBackend, value)
+    member._name_, member._value_ = value, value
+    DynamoBackend._member_map_[value] = member
+    DynamoBackend._value2member_map_[value] = member
+    DynamoBackend._member_names_.append(value)
