@@ -115,6 +115,8 @@ def encode_arg(a: Any, where: str = "?") -> Any:
         return {"memory_format": _strip_torch(str(a))}
     if isinstance(a, slice):
         return {"slice": [encode_arg(a.start, where), encode_arg(a.stop, where), encode_arg(a.step, where)]}
+    if isinstance(a, torch._ops.OpOverload):  # the op an RNG wrapper runs: named as targets are
+        return {"repr": str(a)}
     return {"repr": _clean_repr(a)}
 
 
