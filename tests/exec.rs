@@ -114,6 +114,7 @@ fn compare(
         &CheckOptions {
             budget: u64::MAX,
             world_size: world,
+            ..Default::default()
         },
     )
     .unwrap_or_else(|v| panic!("{label}: checker: {v}"));
@@ -295,7 +296,8 @@ fn broken_schedule_fails_loudly() {
             &p,
             &CheckOptions {
                 budget: u64::MAX,
-                world_size: 2
+                world_size: 2,
+                ..Default::default()
             }
         )
         .is_err()

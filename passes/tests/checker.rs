@@ -389,6 +389,7 @@ fn opts(budget: u64) -> CheckOptions {
     CheckOptions {
         budget,
         world_size: WORLD,
+        ..Default::default()
     }
 }
 

@@ -94,6 +94,8 @@ pub enum Violation {
     // 7. memory
     #[error("gathered bytes reach {live} here, over the budget of {budget}")]
     OverBudget { live: u64, budget: u64 },
+    #[error("live bytes reach {peak} (simulated), over the memory budget of {memory}")]
+    OverMemory { peak: u64, memory: u64 },
 }
 
 /// A violation at a place.
