@@ -627,3 +627,25 @@ fn unreadable_input_files_are_named() {
     let err = Inputs::new(0).load(&npy).expect_err("must fail");
     assert!(err.to_string().contains("x.npy"), "{err}");
 }
+
+/// A persistent parameter read as `weight=` and a sharded one only the output reads: insertion
+/// adds no op, and the executor used to take the graph for an unsharded one and hold the whole
+/// parameter (40,960 against the simulator's 34,816 bytes in the fuzzer's case). The shard is
+/// what a rank holds and what the output returns; the dry run now measures the simulator's
+/// peak on every rank.
+#[test]
+fn a_shard_only_the_output_reads_is_held_as_a_shard() {
+    use zerosched_exec::dry::Dry;
+    let p = fixture("edge/persistent_weight_keyword_and_shard_returned");
+    for world in [1, 2, 4, 8] {
+        let sp = schedule(&p, "prefetch", world);
+        let mut exec = Executor::new(Dry, ExecOptions { world_size: world });
+        let got = run_program(&mut exec, &sp, &Inputs::new(0)).expect("dry run");
+        let sim = simulate(&sp, world, instant_comm());
+        for (g, s) in got.graphs.iter().zip(&sim.graphs) {
+            for c in &g.memory {
+                assert_eq!(c.peak, s.summary.peak_total_bytes, "x{world} {}", g.graph);
+            }
+        }
+    }
+}

@@ -88,7 +88,7 @@ fn the_named_smallest_budget_is_the_whole_programs_and_works_when_given_back() {
                 (1, u64::MAX)
             };
             let e = run(&p, scheduler, budget, memory).err();
-            let Some((kind, needed)) = e.as_ref().and_then(named) else {
+            let Some((kind, needed)) = e.as_deref().and_then(named) else {
                 panic!("{scheduler}: expected an over-budget error, got {e:?}");
             };
             assert_eq!(kind, memory_kind, "{scheduler}: {e:?}");
