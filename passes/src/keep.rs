@@ -100,8 +100,64 @@ pub fn keep_across(p: &mut Program, opts: &ScheduleOptions) -> KeepReport {
         report.saved_ms += c.saved_ms;
         report.kept.push(c.param);
     }
+    for g in &mut p.graphs {
+        rebucket(g);
+    }
     report.kept.sort();
     report
+}
+
+/// Buckets again after gathers became reuses: a reuse is no collective and carries no `bucket`
+/// (docs/format.md), so a bucket it stood in splits at it. Each run of adjacent gathers sharing
+/// an id gets its own id, in program order; a run of one is a lone gather, without the keyword.
+/// The simulator already issued such a bucket as the collectives either side of the reuse, so
+/// timing does not change.
+fn rebucket(g: &mut Graph) {
+    let order = g.order().to_vec();
+    if !order.iter().any(|&id| {
+        CommOp::of(g.node(id)) == Some(CommOp::Reuse) && ops::bucket(g.node(id)).is_some()
+    }) {
+        return;
+    }
+    // Runs of adjacent gathers with the same id.
+    let mut runs: Vec<Vec<NodeId>> = Vec::new();
+    let mut last: Option<i64> = None;
+    for &id in &order {
+        let n = g.node(id);
+        let bucket = ops::bucket(n).filter(|_| CommOp::of(n) == Some(CommOp::AllGather));
+        match (bucket, runs.last_mut()) {
+            (Some(b), Some(run)) if last == Some(b) => run.push(id),
+            (Some(_), _) => runs.push(vec![id]),
+            (None, _) => {}
+        }
+        last = bucket;
+    }
+    let mut fresh = 0i64;
+    let set = |g: &mut Graph, id: NodeId, bucket: Option<i64>| {
+        let n = g.node(id);
+        let mut kwargs = zerosched_ir::Kwargs::default();
+        for (k, v) in n.kwargs.iter().filter(|(k, _)| k.as_str() != "bucket") {
+            kwargs.insert(k.clone(), v.clone());
+        }
+        if let Some(b) = bucket {
+            kwargs.insert("bucket", zerosched_ir::Arg::Int(b));
+        }
+        let args = n.args.clone();
+        // Only keywords change, so every reference stays valid.
+        let _ = g.set_args(id, args, kwargs);
+    };
+    for &id in &order {
+        if CommOp::of(g.node(id)) == Some(CommOp::Reuse) && ops::bucket(g.node(id)).is_some() {
+            set(g, id, None);
+        }
+    }
+    for run in runs {
+        let id = (run.len() > 1).then_some(fresh);
+        fresh += i64::from(run.len() > 1);
+        for m in run {
+            set(g, m, id);
+        }
+    }
 }
 
 /// Total live bytes at each position of `g`'s order, simulated.

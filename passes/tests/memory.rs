@@ -25,13 +25,14 @@ fn run(
     scheduler: &str,
     budget: u64,
     memory: u64,
-) -> Result<(Program, Context), PassError> {
+) -> Result<(Program, Context), Box<PassError>> {
     let mut q = p.clone();
     let cx = pipeline::run(
         &pipeline::standard(),
         &mut q,
         &options(scheduler, budget, memory),
-    )?;
+    )
+    .map_err(Box::new)?;
     Ok((q, cx))
 }
 
@@ -141,7 +142,7 @@ fn step() -> Program {
 fn least_memory(p: &Program, scheduler: &str) -> u64 {
     match run(p, scheduler, u64::MAX, 0)
         .err()
-        .as_ref()
+        .as_deref()
         .and_then(named)
     {
         Some((true, needed)) => needed,

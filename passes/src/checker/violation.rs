@@ -61,6 +61,9 @@ pub enum Violation {
         between: String,
     },
 
+    #[error("reuse carries `bucket` {bucket}; a reuse issues no collective and has no bucket")]
+    BucketOnReuse { bucket: i64 },
+
     // 5. keep and reuse, across the graphs of a program
     #[error("keeps `{param}` gathered, but no later graph reuses it")]
     KeptNeverReused { param: String },
