@@ -186,6 +186,7 @@ fn main() {
                 let check = zerosched_passes::checker::CheckOptions {
                     budget,
                     world_size: WORLD,
+                    ..Default::default()
                 };
                 zerosched_passes::checker::check_program(&p, &check).ok()?;
                 Some((std::hint::black_box(zerosched_ir::json::export(&p)), p))

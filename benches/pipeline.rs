@@ -45,6 +45,7 @@ fn whole_pipeline(c: &mut Criterion) {
         let check = CheckOptions {
             budget: opts.schedule.budget,
             world_size: opts.schedule.world_size,
+            ..Default::default()
         };
         group.bench_function(name, |b| {
             b.iter(|| {

@@ -66,6 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let check = CheckOptions {
             budget,
             world_size: opts.schedule.world_size,
+            ..Default::default()
         };
         check_program(&p, &check)?;
         lap("check", t);

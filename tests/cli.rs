@@ -238,3 +238,55 @@ fn rust_log_explains_the_schedule() {
         "the filter selects the scheduler only:\n{log}"
     );
 }
+
+/// `--memory`: too little names the whole program's smallest figure, which works when given
+/// back and holds the schedule within it; `check --memory` refuses the same schedule one byte
+/// under its simulated peak.
+#[test]
+fn memory_budget_names_its_smallest_and_check_verifies_it() {
+    let input = "tests/fixtures/qwen2_moe.program.json";
+    let out = zerosched(&["schedule", input, "--memory", "1KiB"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let needed: u64 = stderr
+        .split("the smallest memory budget that works is ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no figure in: {stderr}"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (scheduled, report) = (dir.path().join("s.json"), dir.path().join("r.json"));
+    let (s, r) = (relative(&scheduled), relative(&report));
+    let needed_arg = needed.to_string();
+    let out = zerosched(&[
+        "schedule",
+        input,
+        "--memory",
+        &needed_arg,
+        "-o",
+        &s,
+        "--report",
+        &r,
+    ]);
+    assert!(
+        out.status.success(),
+        "at {needed}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&report).expect("report");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("report JSON");
+    let peak = json["simulation"]["total"]["peak_total_bytes"]
+        .as_u64()
+        .expect("peak");
+    assert!(peak <= needed, "{peak} > {needed}");
+    assert_eq!(json["memory_bytes"].as_u64(), Some(needed));
+    let at = |m: u64| zerosched(&["check", &s, "--memory", &m.to_string()]);
+    assert!(at(peak).status.success());
+    let under = at(peak - 1);
+    assert_eq!(under.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&under.stderr).contains("over the memory budget"),
+        "{}",
+        String::from_utf8_lossy(&under.stderr)
+    );
+}

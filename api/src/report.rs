@@ -15,6 +15,8 @@ pub struct Report {
     pub world_size: u32,
     /// `None` when no budget was given.
     pub budget_bytes: Option<u64>,
+    /// The device-memory budget; `None` when none was given.
+    pub memory_bytes: Option<u64>,
     /// Per graph and in total: the simulation of the program as it stands.
     pub simulation: ProgramSim,
     /// Releases per graph (the simulation counts gathers, buckets and reductions).
@@ -29,9 +31,10 @@ impl Report {
         p: &Program,
         cx: Option<&Context>,
         scheduler: Option<&str>,
-        budget: u64,
+        budgets: (u64, u64),
         sim: &SimOptions,
     ) -> Report {
+        let (budget, memory) = budgets;
         let releases = p
             .graphs
             .iter()
@@ -46,6 +49,7 @@ impl Report {
             scheduler: scheduler.map(str::to_owned),
             world_size: sim.world_size,
             budget_bytes: (budget != u64::MAX).then_some(budget),
+            memory_bytes: (memory != u64::MAX).then_some(memory),
             simulation: simulate_program(p, sim),
             releases,
             kept: cx.map(|c| c.keep.kept.clone()).unwrap_or_default(),
@@ -58,9 +62,13 @@ impl Report {
             .budget_bytes
             .map_or("none".to_owned(), crate::summary::bytes);
         let scheduler = self.scheduler.as_deref().unwrap_or("as given");
+        let memory = self
+            .memory_bytes
+            .map(|m| format!(", memory {}", crate::summary::bytes(m)))
+            .unwrap_or_default();
         let _ = writeln!(
             s,
-            "{}: scheduler {scheduler}, world size {}, budget {budget}",
+            "{}: scheduler {scheduler}, world size {}, budget {budget}{memory}",
             self.input, self.world_size
         );
         let rows: Vec<(&str, &str, usize, &Summary)> = self

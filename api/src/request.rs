@@ -54,14 +54,30 @@ impl From<PassError> for Error {
 }
 
 impl Error {
-    /// For a budget no schedule fits: the smallest budget that works. For a scheduler that
-    /// does not plan for memory (deepcompile ignores the budget) that is the peak its schedule
-    /// reached.
+    /// For a budget no schedule fits (the gathered budget or the memory budget): the
+    /// smallest of that budget that works for the whole program. For a scheduler that does not
+    /// plan for memory (deepcompile ignores the budgets) that is the most its schedule reached
+    /// in any graph.
     pub fn needed_budget(&self) -> Option<u64> {
         let Error::Pass(e) = self else { return None };
         match **e {
-            PassError::Schedule(ScheduleError::OverBudget { needed, .. }) => Some(needed),
-            PassError::OverBudget { peak, .. } => Some(peak),
+            PassError::Schedule(
+                ScheduleError::OverBudget { needed, .. } | ScheduleError::OverMemory { needed, .. },
+            )
+            | PassError::OverBudget { needed, .. }
+            | PassError::OverMemory { needed, .. } => Some(needed),
+            _ => None,
+        }
+    }
+
+    /// Which budget [`Error::needed_budget`] is for: `"budget"` or `"memory"`.
+    pub fn needed_kind(&self) -> Option<&'static str> {
+        let Error::Pass(e) = self else { return None };
+        match **e {
+            PassError::Schedule(ScheduleError::OverBudget { .. })
+            | PassError::OverBudget { .. } => Some("budget"),
+            PassError::Schedule(ScheduleError::OverMemory { .. })
+            | PassError::OverMemory { .. } => Some("memory"),
             _ => None,
         }
     }
@@ -92,6 +108,10 @@ pub struct ScheduleRequest {
     /// Most bytes of gathered parameters alive at once; none for no limit.
     #[serde(deserialize_with = "budget")]
     pub budget: Option<u64>,
+    /// Most bytes alive at once on a rank, everything the simulator counts (activations,
+    /// gathered parameters, gradients until reduced, buffers kept from the forward).
+    #[serde(deserialize_with = "budget")]
+    pub memory: Option<u64>,
     /// Ranks the parameters are sharded over.
     pub world_size: u32,
     /// One of `schedule::NAMES`.
@@ -110,6 +130,7 @@ impl Default for ScheduleRequest {
     fn default() -> ScheduleRequest {
         ScheduleRequest {
             budget: None,
+            memory: None,
             world_size: 8,
             scheduler: "prefetch".to_owned(),
             cost: None,
@@ -150,6 +171,7 @@ impl ScheduleRequest {
         Ok(PipelineOptions {
             schedule: ScheduleOptions {
                 budget: self.budget.unwrap_or(u64::MAX),
+                memory: self.memory.unwrap_or(u64::MAX),
                 world_size: self.world_size,
                 cost: self.cost.clone().unwrap_or_default(),
             },
@@ -173,7 +195,7 @@ impl ScheduleRequest {
             program,
             Some(&context),
             Some(&opts.scheduler),
-            opts.schedule.budget,
+            (opts.schedule.budget, opts.schedule.memory),
             &sim,
         );
         Ok(Scheduled { context, report })
@@ -187,15 +209,22 @@ pub struct CheckRequest {
     /// The gathered-memory budget a scheduled program must respect.
     #[serde(deserialize_with = "budget")]
     pub budget: Option<u64>,
+    /// The device-memory budget (every live byte, simulated) it must respect.
+    #[serde(deserialize_with = "budget")]
+    pub memory: Option<u64>,
     /// Ranks the parameters are sharded over (sizes gathered buffers).
     pub world_size: u32,
+    /// The cost model the memory simulation times the streams with.
+    pub cost: Option<CostModel>,
 }
 
 impl Default for CheckRequest {
     fn default() -> CheckRequest {
         CheckRequest {
             budget: None,
+            memory: None,
             world_size: 8,
+            cost: None,
         }
     }
 }
@@ -220,7 +249,9 @@ impl CheckRequest {
         let schedules = if scheduled {
             let opts = CheckOptions {
                 budget: self.budget.unwrap_or(u64::MAX),
+                memory: self.memory.unwrap_or(u64::MAX),
                 world_size: self.world_size,
+                cost: self.cost.clone().unwrap_or_default(),
             };
             check_program(program, &opts).map_err(|violations| Error::Rejected {
                 input: input.to_owned(),

@@ -3,10 +3,16 @@
 //! when the memory budget has room for it in both graphs. Candidates are chosen by
 //! communication saved per byte-millisecond held, so the last layers of the forward (the
 //! first of the backward, where a gather has no compute to hide behind) go first.
+//!
+//! Under a device-memory budget a kept buffer counts against it too: each candidate must fit
+//! the live bytes the simulator counts at every position it is held, and, since keeping moves
+//! the backward's timing, the two graphs are simulated again before it is committed.
 
 use crate::cost::Collective;
+use crate::max_add::MaxAdd;
 use crate::ops::{self, CommOp};
 use crate::schedule::ScheduleOptions;
+use crate::simulate::{SimOptions, simulate_graph};
 use std::collections::{BTreeMap, BTreeSet};
 use zerosched_ir::{Graph, GraphKind, NodeId, Program};
 
@@ -41,6 +47,9 @@ pub fn keep_across(p: &mut Program, opts: &ScheduleOptions) -> KeepReport {
         kb.total_cmp(&ka).then_with(|| a.param.cmp(&b.param))
     });
     let mut live: Vec<Option<MaxAdd>> = p.graphs.iter().map(|_| None).collect();
+    // Under a memory budget: the simulated live bytes per position, with what was kept.
+    let limited = opts.memory != u64::MAX;
+    let mut held: Vec<Option<MaxAdd>> = p.graphs.iter().map(|_| None).collect();
     let positions: Vec<_> = p.graphs.iter().map(Graph::positions).collect();
     let mut report = KeepReport::default();
     for c in candidates {
@@ -65,15 +74,37 @@ pub fn keep_across(p: &mut Program, opts: &ScheduleOptions) -> KeepReport {
             );
             continue;
         }
-        if let Some(t) = live[c.forward].as_mut() {
-            t.add(fpos, f_end, c.bytes);
+        if limited {
+            let room = |tree: &mut Option<MaxAdd>, g: &Graph, lo: usize, hi: usize| {
+                let t = tree.get_or_insert_with(|| MaxAdd::from_live(&simulated(g, opts)));
+                hi <= lo || t.max(lo, hi).saturating_add(c.bytes) <= opts.memory
+            };
+            if !room(&mut held[c.forward], f, fpos, f_end)
+                || !room(&mut held[c.backward], b, 0, b_len)
+            {
+                continue;
+            }
         }
-        if let Some(t) = live[c.backward].as_mut() {
-            t.add(0, b_len, c.bytes);
-        }
+        let (release_target, gather_target) = (
+            p.graphs[c.forward].node(c.release).target.clone(),
+            p.graphs[c.backward].node(c.gather).target.clone(),
+        );
         p.graphs[c.forward].set_target(c.release, ops::KEEP);
-        let g = &mut p.graphs[c.backward];
-        g.set_target(c.gather, ops::REUSE);
+        p.graphs[c.backward].set_target(c.gather, ops::REUSE);
+        if limited && !within_memory(p, &[c.forward, c.backward], opts) {
+            p.graphs[c.forward].set_target(c.release, release_target);
+            p.graphs[c.backward].set_target(c.gather, gather_target);
+            tracing::debug!(param = %c.param, bytes = c.bytes, "not kept: over the memory budget");
+            continue;
+        }
+        for trees in [&mut live, &mut held] {
+            if let Some(t) = trees[c.forward].as_mut() {
+                t.add(fpos, f_end, c.bytes);
+            }
+            if let Some(t) = trees[c.backward].as_mut() {
+                t.add(0, b_len, c.bytes);
+            }
+        }
         tracing::debug!(
             param = %c.param,
             bytes = c.bytes,
@@ -84,8 +115,88 @@ pub fn keep_across(p: &mut Program, opts: &ScheduleOptions) -> KeepReport {
         report.saved_ms += c.saved_ms;
         report.kept.push(c.param);
     }
+    for g in &mut p.graphs {
+        rebucket(g);
+    }
     report.kept.sort();
     report
+}
+
+/// Buckets again after gathers became reuses: a reuse is no collective and carries no `bucket`
+/// (docs/format.md), so a bucket it stood in splits at it. Each run of adjacent gathers sharing
+/// an id gets its own id, in program order; a run of one is a lone gather, without the keyword.
+/// The simulator already issued such a bucket as the collectives either side of the reuse, so
+/// timing does not change.
+fn rebucket(g: &mut Graph) {
+    let order = g.order().to_vec();
+    if !order.iter().any(|&id| {
+        CommOp::of(g.node(id)) == Some(CommOp::Reuse) && ops::bucket(g.node(id)).is_some()
+    }) {
+        return;
+    }
+    // Runs of adjacent gathers with the same id.
+    let mut runs: Vec<Vec<NodeId>> = Vec::new();
+    let mut last: Option<i64> = None;
+    for &id in &order {
+        let n = g.node(id);
+        let bucket = ops::bucket(n).filter(|_| CommOp::of(n) == Some(CommOp::AllGather));
+        match (bucket, runs.last_mut()) {
+            (Some(b), Some(run)) if last == Some(b) => run.push(id),
+            (Some(_), _) => runs.push(vec![id]),
+            (None, _) => {}
+        }
+        last = bucket;
+    }
+    let mut fresh = 0i64;
+    let set = |g: &mut Graph, id: NodeId, bucket: Option<i64>| {
+        let n = g.node(id);
+        let mut kwargs = zerosched_ir::Kwargs::default();
+        for (k, v) in n.kwargs.iter().filter(|(k, _)| k.as_str() != "bucket") {
+            kwargs.insert(k.clone(), v.clone());
+        }
+        if let Some(b) = bucket {
+            kwargs.insert("bucket", zerosched_ir::Arg::Int(b));
+        }
+        let args = n.args.clone();
+        // Only keywords change, so every reference stays valid.
+        let _ = g.set_args(id, args, kwargs);
+    };
+    for &id in &order {
+        if CommOp::of(g.node(id)) == Some(CommOp::Reuse) && ops::bucket(g.node(id)).is_some() {
+            set(g, id, None);
+        }
+    }
+    for run in runs {
+        let id = (run.len() > 1).then_some(fresh);
+        fresh += i64::from(run.len() > 1);
+        for m in run {
+            set(g, m, id);
+        }
+    }
+}
+
+/// Total live bytes at each position of `g`'s order, simulated.
+fn simulated(g: &Graph, opts: &ScheduleOptions) -> Vec<u64> {
+    simulate_graph(g, &sim_options(opts)).timeline.live
+}
+
+fn sim_options(opts: &ScheduleOptions) -> SimOptions {
+    SimOptions {
+        world_size: opts.world_size,
+        cost: opts.cost.clone(),
+    }
+}
+
+/// Whether the graphs `which` of `p` peak within the memory budget, simulated.
+fn within_memory(p: &Program, which: &[usize], opts: &ScheduleOptions) -> bool {
+    which.iter().all(|&i| {
+        p.graphs.get(i).is_none_or(|g| {
+            simulate_graph(g, &sim_options(opts))
+                .summary
+                .peak_total_bytes
+                <= opts.memory
+        })
+    })
 }
 
 /// Pairs of (last forward release, first backward gather) of the same parameter.
@@ -210,97 +321,5 @@ fn release_source(g: &Graph, release: NodeId) -> Option<NodeId> {
     match CommOp::of(wait) {
         Some(CommOp::Wait) => wait.args.first()?.as_node().copied(),
         _ => None,
-    }
-}
-
-/// Range add, range max over positions (a lazy segment tree), so each candidate is checked
-/// and committed in logarithmic time.
-struct MaxAdd {
-    size: usize,
-    max: Vec<u64>,
-    add: Vec<u64>,
-}
-
-impl MaxAdd {
-    fn from_live(values: &[u64]) -> MaxAdd {
-        let size = values.len().next_power_of_two().max(1);
-        let mut max = vec![0u64; 2 * size];
-        max[size..size + values.len()].copy_from_slice(values);
-        for i in (1..size).rev() {
-            max[i] = max[2 * i].max(max[2 * i + 1]);
-        }
-        MaxAdd {
-            size,
-            max,
-            add: vec![0; 2 * size],
-        }
-    }
-
-    /// Adds `v` to positions `lo..hi`.
-    fn add(&mut self, lo: usize, hi: usize, v: u64) {
-        self.update(1, 0, self.size, lo, hi, v);
-    }
-
-    fn update(&mut self, node: usize, l: usize, r: usize, lo: usize, hi: usize, v: u64) {
-        if hi <= l || r <= lo {
-            return;
-        }
-        if lo <= l && r <= hi {
-            self.max[node] = self.max[node].saturating_add(v);
-            self.add[node] = self.add[node].saturating_add(v);
-            return;
-        }
-        let mid = (l + r) / 2;
-        self.update(2 * node, l, mid, lo, hi, v);
-        self.update(2 * node + 1, mid, r, lo, hi, v);
-        self.max[node] = self.max[2 * node]
-            .max(self.max[2 * node + 1])
-            .saturating_add(self.add[node]);
-    }
-
-    /// Largest value over positions `lo..hi`.
-    fn max(&self, lo: usize, hi: usize) -> u64 {
-        self.query(1, 0, self.size, lo, hi)
-    }
-
-    fn query(&self, node: usize, l: usize, r: usize, lo: usize, hi: usize) -> u64 {
-        if hi <= l || r <= lo {
-            return 0;
-        }
-        if lo <= l && r <= hi {
-            return self.max[node];
-        }
-        let mid = (l + r) / 2;
-        self.query(2 * node, l, mid, lo, hi)
-            .max(self.query(2 * node + 1, mid, r, lo, hi))
-            .saturating_add(self.add[node])
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::MaxAdd;
-
-    #[test]
-    fn range_add_range_max_matches_a_plain_array() {
-        let base: Vec<u64> = (0..37).map(|i| (i * 7919 % 101) as u64).collect();
-        let mut plain = base.clone();
-        let mut tree = MaxAdd::from_live(&base);
-        for (lo, hi, v) in [
-            (0, 10, 5),
-            (3, 37, 2),
-            (20, 21, 100),
-            (36, 37, 1),
-            (5, 5, 9),
-        ] {
-            tree.add(lo, hi, v);
-            plain[lo..hi].iter_mut().for_each(|x| *x += v);
-            for (a, b) in [(0, 37), (0, 1), (19, 22), (30, 37), (4, 6)] {
-                assert_eq!(
-                    tree.max(a, b),
-                    plain[a..b].iter().copied().max().unwrap_or(0)
-                );
-            }
-        }
     }
 }

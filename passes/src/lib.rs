@@ -13,6 +13,7 @@ pub mod cost;
 pub mod insert;
 pub mod keep;
 pub mod liveness;
+mod max_add;
 pub mod ops;
 pub mod per_node;
 pub mod pipeline;

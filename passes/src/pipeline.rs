@@ -5,7 +5,7 @@
 
 use crate::insert::{InsertReport, insert};
 use crate::keep::{KeepReport, keep_across};
-use crate::schedule::{ScheduleError, ScheduleOptions, ScheduleReport, by_name};
+use crate::schedule::{Least, ScheduleError, ScheduleOptions, ScheduleReport, Scheduler, by_name};
 use rayon::prelude::*;
 use std::collections::BTreeSet;
 use zerosched_ir::{Diagnostics, Graph, Problem, Program};
@@ -75,13 +75,25 @@ pub enum PassError {
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
     #[error(
-        "graph `{graph}`: the `{scheduler}` schedule holds {peak} bytes of gathered parameters, over the budget of {budget}"
+        "graph `{graph}`: the `{scheduler}` schedule holds {peak} bytes of gathered parameters, over the budget of {budget}; the smallest budget that works is {needed} bytes"
     )]
     OverBudget {
         graph: String,
         scheduler: &'static str,
         peak: u64,
         budget: u64,
+        /// The program's: every graph's peak fits it.
+        needed: u64,
+    },
+    #[error(
+        "graph `{graph}`: the `{scheduler}` schedule holds {peak} bytes at its peak, over the memory budget of {memory}; the smallest memory budget that works is {needed} bytes"
+    )]
+    OverMemory {
+        graph: String,
+        scheduler: &'static str,
+        peak: u64,
+        memory: u64,
+        needed: u64,
     },
     #[error("after pass `{pass}`, the program is invalid:\n{diagnostics}")]
     Invalid {
@@ -200,33 +212,122 @@ impl Pass for Schedule {
     ) -> Result<(), PassError> {
         let scheduler = by_name(&opts.scheduler)
             .ok_or_else(|| PassError::UnknownScheduler(opts.scheduler.clone()))?;
-        let reports = each_graph(p, |g| {
-            let report = scheduler.schedule(g, &opts.schedule)?;
+        let so = &opts.schedule;
+        // Where a budget can fail, the graphs as they were: the smallest budget named is the
+        // whole program's, computed on them.
+        let limited = so.budget != u64::MAX || so.memory != u64::MAX;
+        let before = limited.then(|| p.graphs.clone());
+        let results = each_graph_results(p, |g| {
+            let report = scheduler.schedule(g, so)?;
             tracing::info!(
                 scheduler = scheduler.name(),
                 gathers = report.gathers,
                 buckets = report.buckets,
                 peak_gathered = report.peak_gathered,
-                budget = opts.schedule.budget,
+                peak_memory = report.peak_memory,
+                budget = so.budget,
+                memory = so.memory,
                 "scheduled"
             );
-            // A scheduler that does not plan for memory (deepcompile) may overrun the budget;
-            // that is an error whether or not the checker runs.
-            if report.peak_gathered > opts.schedule.budget {
+            // A scheduler that does not plan for memory (deepcompile) may overrun the
+            // budget; that is an error whether or not the checker runs.
+            if report.peak_gathered > so.budget {
                 return Err(PassError::OverBudget {
                     graph: g.label().to_owned(),
                     scheduler: scheduler.name(),
                     peak: report.peak_gathered,
-                    budget: opts.schedule.budget,
+                    budget: so.budget,
+                    needed: report.peak_gathered,
+                });
+            }
+            if so.memory != u64::MAX && report.peak_memory > so.memory {
+                return Err(PassError::OverMemory {
+                    graph: g.label().to_owned(),
+                    scheduler: scheduler.name(),
+                    peak: report.peak_memory,
+                    memory: so.memory,
+                    needed: report.peak_memory,
                 });
             }
             Ok(report)
-        })?;
-        for (i, (g, report)) in p.graphs.iter().zip(reports).enumerate() {
-            graph_report(cx, i, g.label()).schedule = report;
+        });
+        // The first graph's failure, except that one over the gathered budget goes before
+        // one over memory: a memory named back would still fail on the budget.
+        let failed = |want: Option<Over>| {
+            results.iter().position(|r| {
+                r.as_ref()
+                    .err()
+                    .is_some_and(|e| want.is_none() || over(e) == want)
+            })
+        };
+        let pick = failed(Some(Over::Budget)).or_else(|| failed(None));
+        let mut results = results;
+        if let Some(i) = pick {
+            if let Err(mut e) = results.swap_remove(i) {
+                if let Some(graphs) = &before {
+                    program_least(&mut e, graphs, scheduler.as_ref(), so)?;
+                }
+                return Err(e);
+            }
+        }
+        for (i, (g, report)) in p.graphs.iter().zip(results).enumerate() {
+            graph_report(cx, i, g.label()).schedule = report?;
         }
         Ok(())
     }
+}
+
+/// Which budget an error is over, if it is over one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Over {
+    Budget,
+    Memory,
+}
+
+fn over(e: &PassError) -> Option<Over> {
+    match e {
+        PassError::Schedule(ScheduleError::OverBudget { .. }) | PassError::OverBudget { .. } => {
+            Some(Over::Budget)
+        }
+        PassError::Schedule(ScheduleError::OverMemory { .. }) | PassError::OverMemory { .. } => {
+            Some(Over::Memory)
+        }
+        _ => None,
+    }
+}
+
+/// The whole program's least budget of the kind `e` is over, into `e`: at it every graph
+/// schedules, not only the one that failed first.
+fn program_least(
+    e: &mut PassError,
+    graphs: &[Graph],
+    scheduler: &dyn Scheduler,
+    opts: &ScheduleOptions,
+) -> Result<(), PassError> {
+    let Some(kind) = over(e) else {
+        return Ok(());
+    };
+    let least: Vec<Least> = graphs
+        .par_iter()
+        .map(|g| scheduler.least(g, opts))
+        .collect::<Result<_, _>>()?;
+    let most = least
+        .iter()
+        .map(|l| match kind {
+            Over::Budget => l.gathered,
+            Over::Memory => l.memory,
+        })
+        .max()
+        .unwrap_or(0);
+    match e {
+        PassError::Schedule(
+            ScheduleError::OverBudget { needed, .. } | ScheduleError::OverMemory { needed, .. },
+        )
+        | PassError::OverBudget { needed, .. }
+        | PassError::OverMemory { needed, .. } => *needed = (*needed).max(most),
+        _ => {}
+    }
+    Ok(())
 }
 
 impl Pass for Keep {
@@ -257,19 +358,25 @@ fn each_graph<R: Send>(
     p: &mut Program,
     f: impl Fn(&mut Graph) -> Result<R, PassError> + Send + Sync,
 ) -> Result<Vec<R>, PassError> {
+    each_graph_results(p, f).into_iter().collect()
+}
+
+/// Every graph's result, in order, failed or not.
+fn each_graph_results<R: Send>(
+    p: &mut Program,
+    f: impl Fn(&mut Graph) -> Result<R, PassError> + Send + Sync,
+) -> Vec<Result<R, PassError>> {
     // Each task runs under the pass's span, and its own naming the graph, so that what a pass
     // reports (RUST_LOG) says which graph it is about.
     let pass = tracing::Span::current();
-    let results: Vec<Result<R, PassError>> = p
-        .graphs
+    p.graphs
         .par_iter_mut()
         .map(|g| {
             let span = tracing::info_span!(parent: &pass, "graph", graph = g.label());
             let _entered = span.enter();
             f(g)
         })
-        .collect();
-    results.into_iter().collect()
+        .collect()
 }
 
 fn graph_report<'a>(cx: &'a mut Context, i: usize, name: &str) -> &'a mut GraphReport {
@@ -328,7 +435,9 @@ pub fn run(
             if facts.contains(&Fact::Scheduled) {
                 let check = crate::checker::CheckOptions {
                     budget: opts.schedule.budget,
+                    memory: opts.schedule.memory,
                     world_size: opts.schedule.world_size,
+                    cost: opts.schedule.cost.clone(),
                 };
                 crate::checker::check_program(p, &check).map_err(|violations| {
                     PassError::Rejected {

@@ -389,6 +389,7 @@ fn opts(budget: u64) -> CheckOptions {
     CheckOptions {
         budget,
         world_size: WORLD,
+        ..Default::default()
     }
 }
 
@@ -1101,6 +1102,22 @@ fn rejects_a_reuse_without_a_keep_and_a_keep_never_reused() {
             x,
             Violation::GatheredWhileKept { .. }
         )),
+        "{v}"
+    );
+}
+
+#[test]
+fn rejects_a_reuse_in_a_bucket() {
+    let mut p = kept_step(4 * W);
+    let reuse = find(&p.graphs[1], comm::REUSE, "layers.5.weight");
+    let g = &mut p.graphs[1];
+    let (args, mut kwargs) = (g.node(reuse).args.clone(), g.node(reuse).kwargs.clone());
+    kwargs.insert("bucket", zerosched_ir::Arg::Int(3));
+    g.set_args(reuse, args, kwargs).expect("keywords only");
+    let v = check_program(&p, &opts(u64::MAX)).expect_err("a reuse with a bucket");
+    let at = name(&p.graphs[1], reuse);
+    assert!(
+        v.at_node(&at, |x| matches!(x, Violation::BucketOnReuse { bucket: 3 })),
         "{v}"
     );
 }

@@ -380,6 +380,7 @@ fn scheduled(name: &str, g: &Graph) -> GraphSim {
     let o = opts();
     let sched = ScheduleOptions {
         budget: u64::MAX,
+        memory: u64::MAX,
         world_size: o.world_size,
         cost: o.cost.clone(),
     };

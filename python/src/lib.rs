@@ -20,7 +20,8 @@ create_exception!(
     zerosched,
     OverBudgetError,
     ZeroschedError,
-    "No schedule fits the budget; `needed` is the smallest budget that works, in bytes."
+    "No schedule fits the budget; `needed` is the smallest that works for the whole program, in \
+     bytes, of the budget `kind` names (`budget`: gathered bytes, `memory`: every live byte)."
 );
 
 /// Reads an options dict (or None, for the defaults) into a request.
@@ -47,7 +48,11 @@ fn raise(py: Python<'_>, e: Error) -> PyErr {
         return ZeroschedError::new_err(message);
     };
     let err = OverBudgetError::new_err(message);
-    match err.value(py).setattr("needed", needed) {
+    let value = err.value(py);
+    let set = value
+        .setattr("needed", needed)
+        .and_then(|()| value.setattr("kind", e.needed_kind().unwrap_or("budget")));
+    match set {
         Ok(()) => err,
         Err(setattr) => setattr,
     }

@@ -166,20 +166,25 @@ def test_an_import_error_names_the_node_and_field_as_the_command_line_does(tmp_p
     assert done.stderr.strip() == f"error: {bad}: {e.value}".strip()
 
 
+@pytest.mark.parametrize("key", ["budget", "memory"])
 @pytest.mark.parametrize("scheduler", ["prefetch", "jit", "deepcompile"])
-def test_over_budget_carries_what_the_command_line_reports(scheduler):
-    path = FIXTURES / "llama.program.json"
+def test_over_budget_carries_what_the_command_line_reports(scheduler, key):
+    path = FIXTURES / "qwen2_moe.program.json"
     with pytest.raises(zerosched.OverBudgetError) as e:
-        _core.schedule(path.read_bytes(), {"budget": 1024, "scheduler": scheduler})
-    done = cli("schedule", str(path), "--budget", "1024", "--scheduler", scheduler)
+        _core.schedule(path.read_bytes(), {key: 1024, "scheduler": scheduler})
+    assert e.value.kind == key
+    done = cli("schedule", str(path), f"--{key}", "1024", "--scheduler", scheduler)
     assert done.returncode == 1
     assert done.stderr.strip() == f"error: {e.value}"
     figures = [int(n) for n in re.findall(r"(\d+) bytes", done.stderr)]
     assert e.value.needed == max(figures) and e.value.needed > 1024
-    # The figure is the smallest budget that works: it does, and one byte less does not.
-    _core.schedule(path.read_bytes(), {"budget": e.value.needed, "scheduler": scheduler})
+    # The figure is the smallest that works for the whole program: it does, and one byte less
+    # does not.
+    _, report = _core.schedule(path.read_bytes(), {key: e.value.needed, "scheduler": scheduler})
+    total = json.loads(report)["simulation"]["total"]
+    assert total["peak_total_bytes" if key == "memory" else "peak_gathered_bytes"] <= e.value.needed
     with pytest.raises(zerosched.OverBudgetError):
-        _core.schedule(path.read_bytes(), {"budget": e.value.needed - 1, "scheduler": scheduler})
+        _core.schedule(path.read_bytes(), {key: e.value.needed - 1, "scheduler": scheduler})
 
 
 def test_the_interpreter_lock_is_released_while_rust_works():

@@ -11,10 +11,14 @@ class OverBudgetError(ZeroschedError):
     """No schedule fits the budget."""
 
     needed: int
-    """The smallest budget that works, in bytes."""
+    """The smallest budget that works for the whole program, in bytes."""
+
+    kind: str
+    """Which budget ``needed`` is for: ``"budget"`` (gathered bytes) or ``"memory"``."""
 
 class ScheduleOptions(TypedDict, total=False):
     budget: int | str | None
+    memory: int | str | None
     world_size: int
     scheduler: str
     cost: dict[str, Any]
@@ -23,6 +27,8 @@ class ScheduleOptions(TypedDict, total=False):
 
 class CheckOptions(TypedDict, total=False):
     budget: int | str | None
+    memory: int | str | None
+    cost: dict[str, Any]
     world_size: int
 
 def schedule(data: bytes, options: ScheduleOptions | None = None) -> tuple[bytes, str]:

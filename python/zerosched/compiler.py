@@ -46,10 +46,13 @@ _CACHE: dict[bytes, tuple[bytes, str]] = {}
 
 
 def backend(budget: int | str | None = None, scheduler: str = "prefetch", inner: str = "eager", *,
-            cost: dict | None = None, debug: bool = False, dump: str | None = None) -> Callable:
+            memory: int | str | None = None, cost: dict | None = None, debug: bool = False,
+            dump: str | None = None) -> Callable:
     """A ``torch.compile`` backend for a model that :func:`zerosched.shard` has sharded.
 
-    ``budget`` bounds the gathered parameter bytes alive at once in each graph, ``scheduler`` is
+    ``budget`` bounds the gathered parameter bytes alive at once in each graph, ``memory`` every
+    byte alive at once on a rank as the simulator counts it (activations, gathered parameters,
+    gradients until reduced, buffers kept from the forward; ``"80GiB"``), ``scheduler`` is
     ``prefetch``, ``jit`` or ``deepcompile`` (docs/passes.md), ``inner`` compiles the scheduled
     graphs (``"eager"``: run the FX graph; ``"inductor"``), ``cost`` is the cost model.  With
     ``debug``, every rank all-reduces a hash of each schedule and a disagreement raises.
@@ -58,7 +61,7 @@ def backend(budget: int | str | None = None, scheduler: str = "prefetch", inner:
     """
     if inner not in INNER:
         raise ZeroschedError(f"zerosched.backend: inner must be one of {INNER}, not {inner!r}")
-    options: dict[str, Any] = {"budget": budget, "scheduler": scheduler}
+    options: dict[str, Any] = {"budget": budget, "memory": memory, "scheduler": scheduler}
     if cost is not None:
         options["cost"] = cost
     _core.schedule(b'{"format":"fx-graph","version":1,"nodes":[{"name":"o","op":"output","target":"output",'

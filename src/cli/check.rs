@@ -9,6 +9,12 @@ pub struct Args {
     /// For a scheduled program: the gathered-memory budget the schedule must respect.
     #[arg(long, value_parser = super::schedule::parse_bytes)]
     budget: Option<u64>,
+    /// For a scheduled program: the device-memory budget (every live byte, simulated).
+    #[arg(long, value_parser = super::schedule::parse_bytes)]
+    memory: Option<u64>,
+    /// For a scheduled program: the cost model the memory simulation uses (as `schedule`'s).
+    #[arg(long)]
+    cost: Option<PathBuf>,
     /// For a scheduled program: ranks the parameters are sharded over (sizes gathered buffers).
     #[arg(long, default_value_t = 8)]
     world_size: u32,
@@ -18,7 +24,9 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let (label, program) = input(args.file.as_deref())?;
     let request = CheckRequest {
         budget: args.budget,
+        memory: args.memory,
         world_size: args.world_size,
+        cost: Some(super::schedule::cost_model(args.cost.as_deref())?),
     };
     let summary = request.run(&label, &program)?;
     println!("{label}: ok");

@@ -16,6 +16,10 @@ pub struct Args {
     /// Most bytes of gathered parameters alive at once (`40GiB`, `512MiB`, `1e9`).
     #[arg(long, value_parser = parse_bytes)]
     budget: Option<u64>,
+    /// Most bytes alive at once on a rank, everything counted (activations, gathered
+    /// parameters, gradients until reduced, buffers kept from the forward): the device memory.
+    #[arg(long, value_parser = parse_bytes)]
+    memory: Option<u64>,
     /// Ranks the parameters are sharded over.
     #[arg(long, default_value_t = 8)]
     world_size: u32,
@@ -55,6 +59,7 @@ pub enum DumpFormat {
 fn request(args: &Args) -> Result<ScheduleRequest, Failure> {
     Ok(ScheduleRequest {
         budget: args.budget,
+        memory: args.memory,
         world_size: args.world_size,
         scheduler: args.scheduler.clone(),
         cost: args.cost.as_deref().map(read_cost).transpose()?,

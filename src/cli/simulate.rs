@@ -30,7 +30,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         world_size: args.world_size,
         cost: super::schedule::cost_model(args.cost.as_deref())?,
     };
-    let report = Report::new(&label, &program, None, None, u64::MAX, &sim);
+    let report = Report::new(&label, &program, None, None, (u64::MAX, u64::MAX), &sim);
     print!("{}", report.table());
     super::schedule::write_outputs(
         &program,

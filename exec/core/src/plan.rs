@@ -118,10 +118,16 @@ impl<'g, B: Backend> Plan<'g, B> {
         }
         let inserted = comm.iter().any(Option::is_some);
         let mut sharded_input = vec![false; bound];
-        if inserted {
-            for p in &g.params {
-                sharded_input[p.node.index()] = !p.persistent && !persistent.contains(&p.name);
-            }
+        for p in &g.params {
+            // A placeholder only the output reads holds its shard even where insertion had
+            // nothing to add (its other parameters persistent): the format lets the output
+            // return the shard, and the simulator counts the shard.
+            let only_returned = g
+                .users(p.node)
+                .into_iter()
+                .all(|u| g.node(u).op == Op::Output);
+            sharded_input[p.node.index()] =
+                (inserted || only_returned) && !p.persistent && !persistent.contains(&p.name);
         }
         let returned_classes = zerosched_passes::simulate::returned_classes(g, &aliases);
         let mut returned = vec![false; bound];

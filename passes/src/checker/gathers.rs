@@ -276,7 +276,17 @@ fn lifetime(cx: &mut Ctx, x: &Gather, in_after: &mut SideTable<usize>) {
 fn buckets(cx: &mut Ctx, list: &[Gather]) -> usize {
     let mut members: BTreeMap<i64, Vec<NodeId>> = BTreeMap::new();
     for x in list {
-        if let Some(b) = comm::bucket(cx.g.node(x.node)) {
+        let Some(b) = comm::bucket(cx.g.node(x.node)) else {
+            continue;
+        };
+        if x.reuse {
+            // A reuse issues no collective: docs/format.md gives it no `bucket`.
+            cx.at_field(
+                x.node,
+                "kwargs.bucket",
+                Violation::BucketOnReuse { bucket: b },
+            );
+        } else {
             members.entry(b).or_default().push(x.node);
         }
     }

@@ -1,6 +1,7 @@
 //! Guarantee 7: replayed in program order, gathered bytes stay within the budget. A kept
 //! buffer stays counted to the end of its graph; a reused one counts from the start of its
-//! graph to its release.
+//! graph to its release. Under a device-memory budget, everything live, as simulated, stays
+//! within it too.
 
 use super::gathers::Gathers;
 use super::{CheckOptions, Ctx, Violation};
@@ -56,6 +57,24 @@ pub(super) fn check(cx: &mut Ctx, gathers: &Gathers, opts: &CheckOptions) -> u64
         cx.at(id, Violation::OverBudget { live, budget });
     }
     peak
+}
+
+/// Reports a simulated peak of live bytes over the device-memory budget, at the graph.
+pub(super) fn check_device(cx: &mut Ctx, opts: &CheckOptions) {
+    if opts.memory == u64::MAX {
+        return;
+    }
+    let sim = crate::simulate::SimOptions {
+        world_size: opts.world_size,
+        cost: opts.cost.clone(),
+    };
+    let peak = crate::simulate::simulate_graph(cx.g, &sim)
+        .summary
+        .peak_total_bytes;
+    if peak > opts.memory {
+        let memory = opts.memory;
+        cx.at_graph(Violation::OverMemory { peak, memory });
+    }
 }
 
 /// `ceil(numel / world) * world * element_size`, in the gather's `dtype` or the parameter's;

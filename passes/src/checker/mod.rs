@@ -4,7 +4,10 @@
 //! or liveness cannot vouch for itself here.
 //!
 //! Every check is one linear walk over the nodes and their references, without recursion on
-//! graph depth; every violation is collected with its place.
+//! graph depth; every violation is collected with its place. The one exception is the
+//! device-memory budget: what is live at a moment depends on the timing of both streams, so it
+//! is checked by the simulator (`crate::simulate`), the one definition of that figure the
+//! schedulers and the report share.
 
 mod across;
 mod gathers;
@@ -25,7 +28,22 @@ use zerosched_ir::{Graph, Location, NodeId, Program, SideTable};
 pub struct CheckOptions {
     /// Most bytes of gathered parameters alive at once, replayed in program order.
     pub budget: u64,
+    /// Most bytes alive at once, everything counted, simulated; `u64::MAX` for no limit.
+    pub memory: u64,
     pub world_size: u32,
+    /// The cost model the memory simulation times the streams with.
+    pub cost: crate::cost::CostModel,
+}
+
+impl Default for CheckOptions {
+    fn default() -> CheckOptions {
+        CheckOptions {
+            budget: u64::MAX,
+            memory: u64::MAX,
+            world_size: 8,
+            cost: crate::cost::CostModel::default(),
+        }
+    }
 }
 
 /// What a graph that passed does.
@@ -97,6 +115,7 @@ fn check_into(
     let gathers = gathers::check(&mut cx);
     let reductions = grads::check(&mut cx);
     let peak_gathered = memory::check(&mut cx, &gathers, opts);
+    memory::check_device(&mut cx, opts);
     CheckReport {
         graph: g.label().to_owned(),
         gathers: gathers.list.iter().filter(|x| !x.reuse).count(),
@@ -152,6 +171,14 @@ impl<'a> Ctx<'a> {
 
     fn at(&mut self, id: NodeId, violation: Violation) {
         let location = Location::node(self.g.label(), &self.g.node(id).name);
+        self.out.push(Located {
+            location,
+            violation,
+        });
+    }
+
+    fn at_graph(&mut self, violation: Violation) {
+        let location = Location::graph(self.g.label());
         self.out.push(Located {
             location,
             violation,

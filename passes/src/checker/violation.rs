@@ -61,6 +61,9 @@ pub enum Violation {
         between: String,
     },
 
+    #[error("reuse carries `bucket` {bucket}; a reuse issues no collective and has no bucket")]
+    BucketOnReuse { bucket: i64 },
+
     // 5. keep and reuse, across the graphs of a program
     #[error("keeps `{param}` gathered, but no later graph reuses it")]
     KeptNeverReused { param: String },
@@ -94,6 +97,8 @@ pub enum Violation {
     // 7. memory
     #[error("gathered bytes reach {live} here, over the budget of {budget}")]
     OverBudget { live: u64, budget: u64 },
+    #[error("live bytes reach {peak} (simulated), over the memory budget of {memory}")]
+    OverMemory { peak: u64, memory: u64 },
 }
 
 /// A violation at a place.

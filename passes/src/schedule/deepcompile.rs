@@ -27,7 +27,7 @@
 //! - Ties, impossible in DeepCompile's keys because node names are unique, also break on node
 //!   index; inconsistencies that DeepCompile asserts on are errors.
 
-use super::{ScheduleError, ScheduleOptions, ScheduleReport, Scheduler};
+use super::{Least, ScheduleError, ScheduleOptions, ScheduleReport, Scheduler};
 use crate::alias::Aliases;
 use crate::ops::{self, CommOp};
 use std::cmp::Ordering;
@@ -54,9 +54,22 @@ impl Scheduler for DeepCompile {
         };
         let ctx = Ctx::new(g, opts);
         let order = ctx.fast_free_schedule().map_err(bad)?;
-        let report = ctx.report(&order);
+        let mut report = ctx.report(&order);
         g.set_order(order).map_err(bad)?;
+        if opts.memory != u64::MAX {
+            report.peak_memory = super::fit::simulated_peak(g, opts);
+        }
         Ok(report)
+    }
+
+    /// Its own peaks: the order does not depend on the budgets.
+    fn least(&self, g: &Graph, opts: &ScheduleOptions) -> Result<Least, ScheduleError> {
+        let mut g = g.clone();
+        let report = self.schedule(&mut g, opts)?;
+        Ok(Least {
+            gathered: report.peak_gathered,
+            memory: super::fit::simulated_peak(&g, opts),
+        })
     }
 }
 

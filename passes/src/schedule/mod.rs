@@ -7,8 +7,13 @@
 //! - `prefetch` (the default): keeps the compute order and issues each gather as early as the
 //!   memory budget allows and as late as keeps the communication stream busy, coalescing
 //!   adjacent gathers into buckets when that saves time. One pass, near-linear.
+//!
+//! Under a device-memory budget (`ScheduleOptions::memory`) `prefetch` issues ahead of need
+//! only into the memory the `jit` schedule leaves free at each position, and checks the result
+//! by simulation (`fit`).
 
 mod deepcompile;
+mod fit;
 mod walk;
 
 pub use deepcompile::DeepCompile;
@@ -21,6 +26,10 @@ use zerosched_ir::{Graph, Problem};
 pub struct ScheduleOptions {
     /// Most bytes of gathered parameters alive at once, counted in program order.
     pub budget: u64,
+    /// Most bytes alive at once on a rank, everything counted as the simulator counts it
+    /// (activations, inputs, gathered parameters, gradients until reduced); `u64::MAX` for no
+    /// limit.
+    pub memory: u64,
     pub world_size: u32,
     pub cost: CostModel,
 }
@@ -29,6 +38,7 @@ impl Default for ScheduleOptions {
     fn default() -> ScheduleOptions {
         ScheduleOptions {
             budget: u64::MAX,
+            memory: u64::MAX,
             world_size: 8,
             cost: CostModel::default(),
         }
@@ -45,6 +55,16 @@ pub struct ScheduleReport {
     pub reductions: usize,
     /// Peak gathered bytes in the new program order.
     pub peak_gathered: u64,
+    /// Peak of all live bytes, simulated; computed only under a memory budget (else 0).
+    pub peak_memory: u64,
+}
+
+/// The least a graph needs to be scheduled: gathered bytes for `budget`, live bytes for
+/// `memory`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Least {
+    pub gathered: u64,
+    pub memory: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +76,15 @@ pub enum ScheduleError {
     OverBudget {
         graph: String,
         budget: u64,
+        needed: u64,
+    },
+    #[error(
+        "graph `{graph}`: no schedule fits a memory budget of {memory} bytes; the smallest \
+         memory budget that works is {needed} bytes"
+    )]
+    OverMemory {
+        graph: String,
+        memory: u64,
         needed: u64,
     },
     #[error("graph `{graph}`: {problem}")]
@@ -70,6 +99,12 @@ pub trait Scheduler: Sync {
         g: &mut Graph,
         opts: &ScheduleOptions,
     ) -> Result<ScheduleReport, ScheduleError>;
+    /// The smallest budgets at which this scheduler schedules `g`: the `jit` schedule's peaks
+    /// (no order that keeps the compute order holds less), unless the scheduler ignores the
+    /// budgets.
+    fn least(&self, g: &Graph, opts: &ScheduleOptions) -> Result<Least, ScheduleError> {
+        fit::least(g, opts)
+    }
 }
 
 /// Gather right before first use, release right after last use.
@@ -87,14 +122,7 @@ impl Scheduler for Jit {
         g: &mut Graph,
         opts: &ScheduleOptions,
     ) -> Result<ScheduleReport, ScheduleError> {
-        walk::run(
-            g,
-            opts,
-            walk::Policy {
-                prefetch: false,
-                bucketing: false,
-            },
-        )
+        fit::jit(g, opts)
     }
 }
 
@@ -107,14 +135,7 @@ impl Scheduler for Prefetch {
         g: &mut Graph,
         opts: &ScheduleOptions,
     ) -> Result<ScheduleReport, ScheduleError> {
-        walk::run(
-            g,
-            opts,
-            walk::Policy {
-                prefetch: true,
-                bucketing: true,
-            },
-        )
+        fit::prefetch(g, opts)
     }
 }
 

@@ -14,6 +14,7 @@
 
 use super::{ScheduleError, ScheduleOptions, ScheduleReport};
 use crate::cost::Collective;
+use crate::max_add::MaxAdd;
 use crate::ops::{self, CommOp};
 use crate::per_node::{self, PerNode};
 use zerosched_ir::{Arg, Graph, NodeId, Op, Problem, SideTable};
@@ -32,50 +33,67 @@ enum Role {
     Gather,
 }
 
-pub(super) fn run(
-    g: &mut Graph,
+/// What one walk chose: the order, its buckets, and its gathered peaks.
+pub(super) struct Outcome {
+    order: Vec<NodeId>,
+    buckets: Vec<Vec<NodeId>>,
+    pub peak: u64,
+    /// The most gathered bytes a forced (just-in-time) gather needed over the budget; 0 when
+    /// it fits.
+    pub needed: u64,
+}
+
+/// Memory left for prefetching at each spine position: what another schedule holds there
+/// (`live`, indexed by spine position), and the most it may reach (`limit`). A gather issued
+/// ahead of need adds its bytes from its issue to its need.
+pub(super) struct Room {
+    pub live: MaxAdd,
+    pub limit: u64,
+}
+
+/// Walks `g` under `policy` (and `room`, for a memory budget) without changing it.
+pub(super) fn walk(
+    g: &Graph,
+    plan: &Plan,
     opts: &ScheduleOptions,
     policy: Policy,
+    room: Option<Room>,
+) -> Outcome {
+    let mut w = Walk::new(g, plan, opts, policy, room);
+    w.run();
+    Outcome {
+        order: std::mem::take(&mut w.order),
+        buckets: std::mem::take(&mut w.buckets),
+        peak: w.peak,
+        needed: w.needed,
+    }
+}
+
+/// Sets `g`'s order and bucket ids to what a walk chose.
+pub(super) fn apply(
+    g: &mut Graph,
+    plan: &Plan,
+    outcome: Outcome,
 ) -> Result<ScheduleReport, ScheduleError> {
     let label = g.label().to_owned();
     let bad = |problem| ScheduleError::Graph {
         graph: label.clone(),
         problem,
     };
-    let plan = Plan::build(g, opts);
-    let mut w = Walk::new(g, &plan, opts, policy);
-    w.run();
-    if w.needed > opts.budget {
-        let needed = if policy.prefetch {
-            let mut jit = Walk::new(
-                g,
-                &plan,
-                opts,
-                Policy {
-                    prefetch: false,
-                    bucketing: false,
-                },
-            );
-            jit.run();
-            jit.peak
-        } else {
-            w.needed
-        };
-        return Err(ScheduleError::OverBudget {
-            graph: label,
-            budget: opts.budget,
-            needed,
-        });
-    }
+    let Outcome {
+        order,
+        buckets,
+        peak,
+        ..
+    } = outcome;
     let report = ScheduleReport {
         gathers: plan.gathers,
-        buckets: w.buckets.iter().filter(|b| b.len() > 1).count(),
+        buckets: buckets.iter().filter(|b| b.len() > 1).count(),
         releases: plan.releases,
         reductions: plan.reductions,
-        peak_gathered: w.peak,
+        peak_gathered: peak,
+        peak_memory: 0,
     };
-    let (order, buckets) = (std::mem::take(&mut w.order), std::mem::take(&mut w.buckets));
-    drop(w);
     if order.len() != g.len() {
         return Err(bad(Problem::BadOrder));
     }
@@ -93,7 +111,7 @@ pub(super) fn run(
 }
 
 /// Everything the walk needs, computed once from the graph after insertion.
-struct Plan {
+pub(super) struct Plan {
     inputs: PerNode,
     users: PerNode,
     role: SideTable<Role>,
@@ -121,7 +139,12 @@ struct Plan {
 }
 
 impl Plan {
-    fn build(g: &Graph, opts: &ScheduleOptions) -> Plan {
+    /// The compute nodes in the order they keep.
+    pub fn spine(&self) -> &[NodeId] {
+        &self.spine
+    }
+
+    pub fn build(g: &Graph, opts: &ScheduleOptions) -> Plan {
         let (inputs, users) = per_node::inputs_and_users(g);
         let mut p = Plan {
             inputs,
@@ -295,10 +318,17 @@ struct Walk<'a> {
     next: usize,
     /// The gather last reported held back by the budget, so that it is reported once.
     held: Option<NodeId>,
+    room: Option<Room>,
 }
 
 impl<'a> Walk<'a> {
-    fn new(g: &'a Graph, plan: &'a Plan, opts: &'a ScheduleOptions, policy: Policy) -> Walk<'a> {
+    fn new(
+        g: &'a Graph,
+        plan: &'a Plan,
+        opts: &'a ScheduleOptions,
+        policy: Policy,
+        room: Option<Room>,
+    ) -> Walk<'a> {
         let resident: u64 = g
             .order()
             .iter()
@@ -325,6 +355,7 @@ impl<'a> Walk<'a> {
             needed: 0,
             next: 0,
             held: None,
+            room,
         }
     }
 
@@ -359,8 +390,14 @@ impl<'a> Walk<'a> {
                 .get(gather)
                 .iter()
                 .all(|&s| self.emitted[s]);
+            // Held ahead of need over spine positions `i..need` (to the end if never needed).
+            let ahead = (i, self.plan.need_at[gather].min(self.plan.spine.len()));
             if !forced {
-                let fits = self.live.saturating_add(self.plan.bytes[gather]) <= self.opts.budget;
+                let bytes = self.plan.bytes[gather];
+                let fits = self.live.saturating_add(bytes) <= self.opts.budget
+                    && self.room.as_ref().is_none_or(|r| {
+                        r.live.max(ahead.0, ahead.1).saturating_add(bytes) <= r.limit
+                    });
                 // If the stream stays busy past the end of this node (its own waits included),
                 // issuing after it loses nothing and holds the memory for less time.
                 let stream_frees = self.t_comm < self.node_start(i) + cost;
@@ -377,6 +414,11 @@ impl<'a> Walk<'a> {
                         );
                     }
                     break;
+                }
+            }
+            if !forced && !self.plan.resident[gather] {
+                if let Some(r) = self.room.as_mut() {
+                    r.live.add(ahead.0, ahead.1, self.plan.bytes[gather]);
                 }
             }
             self.issue(gather, i);

@@ -66,6 +66,11 @@ impl Memory {
         }
     }
 
+    /// Live bytes now, everything counted.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
     /// Applies every queued free: the graph has ended.
     pub fn finish(&mut self) {
         self.advance(f64::INFINITY);

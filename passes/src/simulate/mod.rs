@@ -102,6 +102,9 @@ pub struct Timeline {
     pub compute: Vec<Span>,
     pub comm: Vec<CommSpan>,
     pub memory: Vec<Sample>,
+    /// Total live bytes at each position of the program order, once the node there has
+    /// allocated (the most that position holds): what a memory budget is checked against.
+    pub live: Vec<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -362,6 +365,10 @@ impl<'a> Sim<'a> {
                 }
                 None => self.compute(id),
             }
+            // Frees already due lower the count; a free still waiting on its collective
+            // does not, so the figure never understates what the position holds.
+            self.mem.advance(self.t_compute);
+            self.timeline.live.push(self.mem.total());
             self.free_after(id);
         }
     }

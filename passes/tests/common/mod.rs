@@ -219,5 +219,6 @@ pub fn check_options(budget: u64) -> zerosched_passes::checker::CheckOptions {
     zerosched_passes::checker::CheckOptions {
         budget,
         world_size: WORLD,
+        ..Default::default()
     }
 }
