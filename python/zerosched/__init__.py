@@ -1,9 +1,10 @@
 """zerosched: ZeRO-3 communication scheduling for PyTorch training graphs (Python side)."""
 
-from zerosched._core import OverBudgetError, ZeroschedError, __version__, check, schedule
+from zerosched._core import (OverBudgetError, ZeroschedError, __version__, check, collective_ms, compute_costs,
+                             schedule, simulate)
 from zerosched import ops  # registers the zerosched ops with torch.library
 from zerosched.compiler import backend
 from zerosched.runtime import ShardedModel, shard
 
-__all__ = ["OverBudgetError", "ShardedModel", "ZeroschedError", "__version__", "backend", "check", "ops",
-           "schedule", "shard"]
+__all__ = ["OverBudgetError", "ShardedModel", "ZeroschedError", "__version__", "backend", "check", "collective_ms",
+           "compute_costs", "ops", "schedule", "shard", "simulate"]
