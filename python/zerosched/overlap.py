@@ -176,6 +176,7 @@ def torch_form(doc: dict, world_size: int, persistent: set[str], group: str) -> 
     shards: dict[str, str] = {}
     grad_inputs: dict[str, str] = {}
     helpers: set[str] = set()
+    constants: dict[str, torch.Tensor] = {}
     env: dict[str, fx.Node] = {}
     nodes = doc["nodes"]
     sharded = {p["node"]: p for p in doc.get("params", []) if p["name"] not in persistent}
@@ -260,7 +261,16 @@ def torch_form(doc: dict, world_size: int, persistent: set[str], group: str) -> 
             outs = [_decode(a, env) for a in out_list]
             for k, r in reduced.items():
                 outs[k] = r
-            g.output(outs if isinstance(out_args, list) else outs[0])
+            g.output(outs if isinstance(out_args, list) else outs[0]).meta[NAME] = name
+            continue
+        if op == "get_attr":
+            # A constant the module owns; the scheduler reads only its value's size.
+            n = g.get_attr(d["target"])
+            n.meta[NAME] = name
+            constants[d["target"]] = torch.empty(0)
+            with mode:
+                n.meta["val"] = _value(d, val, ())
+            env[name] = n
             continue
         refs = [r for r in _node_refs(d) if r in sharded]
         for r in refs:
@@ -279,7 +289,7 @@ def torch_form(doc: dict, world_size: int, persistent: set[str], group: str) -> 
         for k, param in grad_of.get(name, []):
             reduce(n, k, param)
     g.lint()
-    return TorchGraph(fx.GraphModule(torch.nn.Module(), g), shards, grad_inputs, helpers)
+    return TorchGraph(fx.GraphModule(constants, g), shards, grad_inputs, helpers)
 
 
 def _value(d: dict, val: Any, args: tuple) -> Any:
