@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import sys
 
 import pytest
 import torch
@@ -110,3 +111,26 @@ def test_the_estimator_answers_zerosched_costs_for_collectives_and_compute():
     # A bucket's size comes as input plus output bytes; zerosched prices the gathered message.
     assert est(ag, (WORLD + 1) * 1000) == pytest.approx(zerosched.collective_ms("all_gather", WORLD * 1000))
     assert est(mm, None) == 0.25
+
+
+def test_the_benchmark_table_holds_every_scheduler_at_both_budgets_within_them():
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_overlap", FIXTURES.parents[1] / "python" / "bench_overlap.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    args = argparse.Namespace(world_size=WORLD, bucketing=True, measure=bench.GATHERED)
+    with overlap.fake_process_group(WORLD):
+        rows = bench.compare(str(FIXTURES / "llama.program.json"), args)
+    assert [r.scheduler.split(",")[0] for r in rows] == ["pytorch", *bench.SCHEDULERS] * 2
+    reached = rows[0].total["peak_gathered_bytes"]
+    for r in rows:
+        limit = reached if r.memory.startswith("PyTorch") else int(reached * bench.TIGHTER)
+        if r.total is not None:
+            assert r.total["peak_gathered_bytes"] <= limit, (r.scheduler, r.memory)
+            assert r.check == "accepted"
+    table = bench.table(rows, args.measure)
+    assert table.count("\n") == 1 + len(rows)
+    assert len(bench.targets(rows)) == 1
