@@ -63,9 +63,9 @@ def load(path: pathlib.Path) -> dict:
     return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
 
 
-def _check(document: bytes, budget: int | None, world_size: int) -> str:
+def _check(document: bytes, limit: dict, world_size: int) -> str:
     try:
-        zerosched.check(document, {"budget": budget, "world_size": world_size})
+        zerosched.check(document, {"world_size": world_size, **limit})
         return "accepted"
     except zerosched.ZeroschedError as e:
         return "refused: " + " ".join(str(e).split())[:160]
@@ -87,7 +87,7 @@ def torch_row(name: str, memory: str, program: dict, args: argparse.Namespace, *
                        "without bucketing")
         ts = overlap.schedule_program(program, world_size=args.world_size, bucketing=False, **options)
     sim = json.loads(zerosched.simulate(ts.document, {"world_size": args.world_size}))["simulation"]["total"]
-    return Row(name, memory, label, sim, ts.seconds, _check(ts.document, None, args.world_size))
+    return Row(name, memory, label, sim, ts.seconds, _check(ts.document, {}, args.world_size))
 
 
 def zerosched_row(name: str, memory: str, data: bytes, scheduler: str, limit: dict, world_size: int) -> Row:
@@ -98,7 +98,7 @@ def zerosched_row(name: str, memory: str, data: bytes, scheduler: str, limit: di
         return Row(name, memory, scheduler, None, time.perf_counter() - t0, f"no schedule: needs {e.needed:,} B")
     seconds = time.perf_counter() - t0
     return Row(name, memory, scheduler, json.loads(report)["simulation"]["total"], seconds,
-               _check(out, limit.get("budget"), world_size))
+               _check(out, limit, world_size))
 
 
 @dataclass(frozen=True)
