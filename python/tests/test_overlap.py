@@ -86,6 +86,23 @@ def test_pytorchs_schedule_is_read_back_whole_and_the_checker_takes_it(program, 
     assert torch_schedule.seconds > 0
 
 
+def test_the_read_back_keeps_pytorchs_order_and_issues_each_gather_where_pytorch_did(torch_schedule):
+    doc = json.loads(torch_schedule.document)
+    for g, plan in zip(doc["graphs"], torch_schedule.plans):
+        placed = [d["name"] for d in g["nodes"] if d["name"] in plan.position]
+        torch_at = [plan.position[n] for n in placed]
+        assert torch_at == sorted(torch_at)  # the nodes both graphs have, in PyTorch's order
+        assert len(placed) > len(g["nodes"]) // 2
+        # Each gather has as many of those nodes before it as PyTorch's collective has.
+        seen = 0
+        for d in g["nodes"]:
+            if d["name"] in plan.position:
+                seen += 1
+            elif d["target"] == "zerosched.allgather.default":
+                at = plan.gathers[d["kwargs"]["param"]][0]
+                assert seen == sum(1 for p in torch_at if p < at), d["name"]
+
+
 def test_pytorch_plans_with_zerosched_costs_and_hides_most_communication(torch_schedule, program):
     sim = json.loads(zerosched.simulate(torch_schedule.document, {"world_size": WORLD}))["simulation"]["total"]
     _, jit = zerosched.schedule(json.dumps(program).encode(), {"scheduler": "jit", "disable": ["keep"]})

@@ -491,6 +491,8 @@ class TorchSchedule:
 
     document: bytes
     seconds: float
+    #: per graph, PyTorch's order and buckets as read back
+    plans: list[Plan]
 
 
 def schedule_program(program: dict, world_size: int = 8, cost: dict | None = None, bucketing: bool = True,
@@ -505,11 +507,11 @@ def schedule_program(program: dict, world_size: int = 8, cost: dict | None = Non
     inserted = json.loads(inserted_bytes)
     costs = {c["graph"]: c["ms"] for c in json.loads(zerosched.compute_costs(inserted_bytes, zs_options))}
     persistent = persistent_params(program)
-    graphs, seconds = [], 0.0
+    graphs, plans = [], []
     with fake_process_group(world_size) as group:
         for doc, ins in zip(program["graphs"], inserted["graphs"]):
             tg = torch_form(doc, world_size, persistent, group)
             plan = run_scheduler(tg, estimator(costs[ins["name"]], world_size, zs_options), bucketing, **options)
-            seconds += plan.seconds
+            plans.append(plan)
             graphs.append(lay_out(ins, plan))
-    return TorchSchedule(json.dumps(dict(inserted, graphs=graphs)).encode(), seconds)
+    return TorchSchedule(json.dumps(dict(inserted, graphs=graphs)).encode(), sum(p.seconds for p in plans), plans)
