@@ -311,7 +311,12 @@ def _value(d: dict, val: Any, args: tuple) -> Any:
 
 
 def _is(n: fx.Node, name: str) -> bool:
-    return n.op == "call_function" and name in str(n.target)
+    """Whether ``n`` is the functional collective ``name`` (``all_gather``, ``reduce_scatter``,
+    ``all_reduce``, in any variant such as the bucketer's ``_out`` ones) or ``wait_tensor``; the
+    bucketer's helpers (``bucketing._pre_bucket_all_gather``) are not."""
+    t = n.target
+    return (n.op == "call_function" and isinstance(t, torch._ops.OpOverload) and t.namespace == "_c10d_functional"
+            and t._opname.startswith(name))
 
 
 def estimator(costs: dict[str, float], world_size: int, options: dict) -> Callable[[fx.Node, int | None], float]:
