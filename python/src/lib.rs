@@ -8,10 +8,9 @@ use pyo3::exceptions::{PyException, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use serde::de::DeserializeOwned;
-use zerosched_api::report::Report;
 use zerosched_api::request::{self, CheckRequest, Error, ScheduleRequest};
 use zerosched_passes::cost::{Collective, CostModel};
-use zerosched_passes::simulate::SimOptions;
+use zerosched_passes::simulate::{SimOptions, simulate_program};
 
 create_exception!(
     zerosched,
@@ -122,16 +121,17 @@ impl CostRequest {
     }
 }
 
-/// Simulates a graph or program as it stands (scheduled or not); returns the report JSON of
-/// `zerosched simulate --report`.
+/// Simulates a graph or program as it stands (scheduled or not); returns JSON
+/// `{"world_size": N, "simulation": ...}`, the simulation as the report of
+/// `zerosched simulate --report` holds it.
 #[pyfunction]
 #[pyo3(signature = (data, options = None))]
 fn simulate(py: Python<'_>, data: &[u8], options: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
     let sim = CostRequest::read(options)?;
     py.detach(|| {
         let program = request::import(data)?;
-        let report = Report::new(INPUT, &program, None, None, u64::MAX, &sim);
-        Ok(String::from_utf8_lossy(&report.to_json()).into_owned())
+        let simulation = simulate_program(&program, &sim);
+        Ok(serde_json::json!({"world_size": sim.world_size, "simulation": simulation}).to_string())
     })
     .map_err(|e| raise(py, e))
 }

@@ -40,8 +40,9 @@ class CostOptions(TypedDict, total=False):
     cost: dict[str, Any]
 
 def simulate(data: bytes, options: CostOptions | None = None) -> str:
-    """Simulates a document as it stands (scheduled or not); returns the report JSON of
-    `zerosched simulate --report`."""
+    """Simulates a document as it stands (scheduled or not); returns JSON
+    `{"world_size": N, "simulation": ...}`, the simulation as `zerosched simulate --report`
+    writes it."""
 
 def compute_costs(data: bytes, options: CostOptions | None = None) -> str:
     """Each node's compute-stream time in ms, as the simulator prices it: JSON, one
