@@ -9,6 +9,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use serde::de::DeserializeOwned;
 use zerosched_api::request::{self, CheckRequest, Error, ScheduleRequest};
+use zerosched_passes::cost::{Collective, CostModel};
+use zerosched_passes::simulate::{SimOptions, simulate_program};
 
 create_exception!(
     zerosched,
@@ -90,6 +92,103 @@ fn check(py: Python<'_>, data: &[u8], options: Option<&Bound<'_, PyAny>>) -> PyR
     .map_err(|e| raise(py, e))
 }
 
+/// What `simulate`, `compute_costs` and `collective_ms` price with: the world size and cost
+/// model of a schedule request, so that figures from outside (another scheduler's plan) use
+/// the costs zerosched plans with.
+#[derive(serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct CostRequest {
+    world_size: u32,
+    cost: Option<CostModel>,
+}
+
+impl Default for CostRequest {
+    fn default() -> CostRequest {
+        CostRequest {
+            world_size: ScheduleRequest::default().world_size,
+            cost: None,
+        }
+    }
+}
+
+impl CostRequest {
+    fn read(options: Option<&Bound<'_, PyAny>>) -> PyResult<SimOptions> {
+        let r: CostRequest = self::options(options)?;
+        if r.world_size == 0 {
+            return Err(ZeroschedError::new_err(
+                "options: world_size: the world size must be at least 1",
+            ));
+        }
+        Ok(SimOptions {
+            world_size: r.world_size,
+            cost: r.cost.unwrap_or_default(),
+        })
+    }
+}
+
+/// Simulates a graph or program as it stands (scheduled or not); returns JSON
+/// `{"world_size": N, "simulation": ...}`, the simulation as the report of
+/// `zerosched simulate --report` holds it.
+#[pyfunction]
+#[pyo3(signature = (data, options = None))]
+fn simulate(py: Python<'_>, data: &[u8], options: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
+    let sim = CostRequest::read(options)?;
+    py.detach(|| {
+        let program = request::import(data)?;
+        let simulation = simulate_program(&program, &sim);
+        Ok(serde_json::json!({"world_size": sim.world_size, "simulation": simulation}).to_string())
+    })
+    .map_err(|e| raise(py, e))
+}
+
+/// Each node's time on the compute stream, ms, as the simulator and the schedulers price it:
+/// JSON, one object per graph in program order, `{"graph": name, "ms": {node: ms}}`.
+#[pyfunction]
+#[pyo3(signature = (data, options = None))]
+fn compute_costs(
+    py: Python<'_>,
+    data: &[u8],
+    options: Option<&Bound<'_, PyAny>>,
+) -> PyResult<String> {
+    let sim = CostRequest::read(options)?;
+    py.detach(|| {
+        let program = request::import(data)?;
+        let graphs: Vec<serde_json::Value> = program
+            .graphs
+            .iter()
+            .map(|g| {
+                let ms = sim.cost.compute_costs(g);
+                let by_name: serde_json::Map<String, serde_json::Value> = g
+                    .nodes()
+                    .map(|(id, n)| (n.name.to_string(), ms[id].into()))
+                    .collect();
+                serde_json::json!({"graph": g.label(), "ms": by_name})
+            })
+            .collect();
+        Ok(serde_json::Value::from(graphs).to_string())
+    })
+    .map_err(|e| raise(py, e))
+}
+
+/// Time of one collective, ms: `kind` is `all_gather`, `reduce_scatter` or `all_reduce`,
+/// `nbytes` the full (gathered or reduced) message.
+#[pyfunction]
+#[pyo3(signature = (kind, nbytes, options = None))]
+fn collective_ms(kind: &str, nbytes: u64, options: Option<&Bound<'_, PyAny>>) -> PyResult<f64> {
+    let sim = CostRequest::read(options)?;
+    let kind = match kind {
+        "all_gather" => Collective::AllGather,
+        "reduce_scatter" => Collective::ReduceScatter,
+        "all_reduce" => Collective::AllReduce,
+        other => {
+            return Err(ZeroschedError::new_err(format!(
+                "unknown collective `{other}` (collectives: all_gather, reduce_scatter, all_reduce)"
+            )));
+        }
+    };
+    Ok(sim.cost.collective_ms(kind, nbytes, sim.world_size))
+}
+
 /// What reports call a document that came as bytes rather than from a file.
 const INPUT: &str = "<bytes>";
 
@@ -101,5 +200,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("OverBudgetError", py.get_type::<OverBudgetError>())?;
     m.add_function(wrap_pyfunction!(schedule, m)?)?;
     m.add_function(wrap_pyfunction!(check, m)?)?;
+    m.add_function(wrap_pyfunction!(simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(compute_costs, m)?)?;
+    m.add_function(wrap_pyfunction!(collective_ms, m)?)?;
     Ok(())
 }

@@ -215,3 +215,36 @@ def test_the_interpreter_lock_is_released_while_rust_works():
 def test_the_version_is_the_packages():
     pyproject = tomllib.loads((ROOT / "python" / "pyproject.toml").read_text())
     assert zerosched.__version__ == _core.__version__ == pyproject["project"]["version"]
+
+
+def test_simulate_reports_what_schedule_reported_for_its_own_output():
+    scheduled, report = zerosched.schedule(fixture("llama.program.json"), {"budget": "1MiB"})
+    sim = json.loads(zerosched.simulate(scheduled))
+    assert sim["simulation"] == json.loads(report)["simulation"]
+    slow = json.loads(zerosched.simulate(scheduled, {"cost": {
+        "peak_flops": 1e12, "peak_flops_fp32": 1e11, "mem_bandwidth": 1e11, "launch_ms": 0.01,
+        "collective": {"kind": "alpha_beta", "alpha_ms": 0.1, "beta_bytes_per_s": 1e9}}}))
+    assert slow["simulation"]["total"]["step_ms"] > sim["simulation"]["total"]["step_ms"]
+
+
+def test_compute_costs_sum_to_the_simulated_compute_time():
+    data = fixture("llama.program.json")
+    costs = json.loads(zerosched.compute_costs(data))
+    sim = json.loads(zerosched.simulate(data))["simulation"]
+    assert [c["graph"] for c in costs] == [g["graph"] for g in sim["graphs"]]
+    for c, g in zip(costs, sim["graphs"]):
+        assert sum(c["ms"].values()) == pytest.approx(g["compute_ms"])
+        assert all(ms >= 0 for ms in c["ms"].values())
+
+
+def test_collective_ms_is_the_alpha_beta_ring_and_refuses_unknown_kinds():
+    ring = {"kind": "alpha_beta", "alpha_ms": 0.5, "beta_bytes_per_s": 1e9}
+    cost = {"peak_flops": 1e12, "peak_flops_fp32": 1e11, "mem_bandwidth": 1e11, "launch_ms": 0.0,
+            "collective": ring}
+    ms = zerosched.collective_ms("all_gather", 8_000_000, {"world_size": 4, "cost": cost})
+    assert ms == pytest.approx(0.5 + 8e6 * 3 / 4 / 1e9 * 1e3)
+    assert zerosched.collective_ms("all_reduce", 8_000_000, {"world_size": 4, "cost": cost}) > ms
+    with pytest.raises(zerosched.ZeroschedError, match="unknown collective `broadcast`"):
+        zerosched.collective_ms("broadcast", 1)
+    with pytest.raises(zerosched.ZeroschedError, match="world_size"):
+        zerosched.collective_ms("all_gather", 1, {"world_size": 0})

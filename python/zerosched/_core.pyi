@@ -40,3 +40,20 @@ def schedule(data: bytes, options: ScheduleOptions | None = None) -> tuple[bytes
 
 def check(data: bytes, options: CheckOptions | None = None) -> str:
     """Verifies a document and checks its schedule if it has one; returns the summary JSON."""
+
+class CostOptions(TypedDict, total=False):
+    world_size: int
+    cost: dict[str, Any]
+
+def simulate(data: bytes, options: CostOptions | None = None) -> str:
+    """Simulates a document as it stands (scheduled or not); returns JSON
+    `{"world_size": N, "simulation": ...}`, the simulation as `zerosched simulate --report`
+    writes it."""
+
+def compute_costs(data: bytes, options: CostOptions | None = None) -> str:
+    """Each node's compute-stream time in ms, as the simulator prices it: JSON, one
+    `{"graph": name, "ms": {node: ms}}` per graph in program order."""
+
+def collective_ms(kind: str, nbytes: int, options: CostOptions | None = None) -> float:
+    """Time of one `all_gather`, `reduce_scatter` or `all_reduce` of `nbytes` (the full
+    message), ms."""
