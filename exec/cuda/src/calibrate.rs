@@ -23,7 +23,12 @@ const WARMUP: usize = 2;
 const REPS: usize = 5;
 
 /// Measures every collective at every size in `sizes`.
-pub fn measure(dev: &Device, pool: &mut Pool, comm: &Comm, sizes: &[u64]) -> Result<CollectiveTable> {
+pub fn measure(
+    dev: &Device,
+    pool: &mut Pool,
+    comm: &Comm,
+    sizes: &[u64],
+) -> Result<CollectiveTable> {
     let world = u64::from(comm.world);
     let max = sizes.iter().copied().max().unwrap_or(0);
     let full = pool.alloc(max, StreamKind::Comm)?;
@@ -36,11 +41,19 @@ pub fn measure(dev: &Device, pool: &mut Pool, comm: &Comm, sizes: &[u64]) -> Res
     for &bytes in sizes {
         // bf16 elements per rank, at least one.
         let count = (bytes / 2 / world).max(1) as usize;
-        for kind in [Collective::AllGather, Collective::ReduceScatter, Collective::AllReduce] {
+        for kind in [
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::AllReduce,
+        ] {
             let run = || match kind {
                 Collective::AllGather => comm.all_gather(part.ptr, full.ptr, count, Elem::BF16),
-                Collective::ReduceScatter => comm.reduce_scatter(full.ptr, part.ptr, count, Elem::BF16),
-                Collective::AllReduce => comm.all_reduce(full.ptr, full.ptr, count * world as usize, Elem::BF16),
+                Collective::ReduceScatter => {
+                    comm.reduce_scatter(full.ptr, part.ptr, count, Elem::BF16)
+                }
+                Collective::AllReduce => {
+                    comm.all_reduce(full.ptr, full.ptr, count * world as usize, Elem::BF16)
+                }
             };
             for _ in 0..WARMUP {
                 run()?;
@@ -50,8 +63,13 @@ pub fn measure(dev: &Device, pool: &mut Pool, comm: &Comm, sizes: &[u64]) -> Res
                 run()?;
             }
             let end = dev.timing_event(StreamKind::Comm)?;
-            end.synchronize().map_err(CudaError::driver("cuEventSynchronize"))?;
-            let ms = f64::from(start.elapsed_ms(&end).map_err(CudaError::driver("cuEventElapsedTime"))?) / REPS as f64;
+            end.synchronize()
+                .map_err(CudaError::driver("cuEventSynchronize"))?;
+            let ms = f64::from(
+                start
+                    .elapsed_ms(&end)
+                    .map_err(CudaError::driver("cuEventElapsedTime"))?,
+            ) / REPS as f64;
             let points = match kind {
                 Collective::AllGather => &mut table.all_gather,
                 Collective::ReduceScatter => &mut table.reduce_scatter,

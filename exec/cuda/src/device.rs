@@ -39,12 +39,17 @@ impl Device {
     /// Opens device `ordinal` (its primary context) with its two streams.
     pub fn open(ordinal: usize) -> Result<Device> {
         libs::check(Lib::Cuda)?;
-        let ctx = CudaContext::new(ordinal).map_err(CudaError::driver("cuDevicePrimaryCtxRetain"))?;
+        let ctx =
+            CudaContext::new(ordinal).map_err(CudaError::driver("cuDevicePrimaryCtxRetain"))?;
         // SAFETY: no buffer of cudarc's own type crosses streams in this crate: the pool's
         // blocks are raw addresses ordered by the pool's events and the executor's joins.
         unsafe { ctx.disable_event_tracking() };
-        let compute = ctx.new_stream().map_err(CudaError::driver("cuStreamCreate"))?;
-        let comm = ctx.new_stream().map_err(CudaError::driver("cuStreamCreate"))?;
+        let compute = ctx
+            .new_stream()
+            .map_err(CudaError::driver("cuStreamCreate"))?;
+        let comm = ctx
+            .new_stream()
+            .map_err(CudaError::driver("cuStreamCreate"))?;
         Ok(Device {
             ordinal,
             ctx,
@@ -62,7 +67,9 @@ impl Device {
     }
 
     pub fn name(&self) -> Result<String> {
-        self.ctx.name().map_err(CudaError::driver("cuDeviceGetName"))
+        self.ctx
+            .name()
+            .map_err(CudaError::driver("cuDeviceGetName"))
     }
 
     /// (major, minor) compute capability.
@@ -74,7 +81,9 @@ impl Device {
 
     /// (free, total) device memory, bytes.
     pub fn memory(&self) -> Result<(usize, usize)> {
-        self.ctx.mem_get_info().map_err(CudaError::driver("cuMemGetInfo"))
+        self.ctx
+            .mem_get_info()
+            .map_err(CudaError::driver("cuMemGetInfo"))
     }
 
     pub fn stream(&self, k: StreamKind) -> &Arc<CudaStream> {
@@ -127,7 +136,8 @@ impl Device {
         // synchronised before `src` can go away.
         unsafe { result::memcpy_htod_async(dst, src, s.cu_stream()) }
             .map_err(CudaError::driver("cuMemcpyHtoDAsync"))?;
-        s.synchronize().map_err(CudaError::driver("cuStreamSynchronize"))
+        s.synchronize()
+            .map_err(CudaError::driver("cuStreamSynchronize"))
     }
 
     /// Copies `dst.len()` bytes from device address `src` after the work queued on `k`.
@@ -138,7 +148,8 @@ impl Device {
         // synchronised before `dst` is read.
         unsafe { result::memcpy_dtoh_async(dst, src, s.cu_stream()) }
             .map_err(CudaError::driver("cuMemcpyDtoHAsync"))?;
-        s.synchronize().map_err(CudaError::driver("cuStreamSynchronize"))
+        s.synchronize()
+            .map_err(CudaError::driver("cuStreamSynchronize"))
     }
 
     /// Zeroes `bytes` bytes at `dst` on `k`.

@@ -19,7 +19,9 @@ pub enum CudaError {
     Rendezvous { addr: String, message: String },
     #[error("launch environment: {0}")]
     Env(String),
-    #[error("device out of memory: {requested} bytes requested with {in_use} in use on device {device}")]
+    #[error(
+        "device out of memory: {requested} bytes requested with {in_use} in use on device {device}"
+    )]
     OutOfMemory {
         device: usize,
         requested: u64,
@@ -38,7 +40,9 @@ impl CudaError {
         }
     }
 
-    pub fn cublas(call: &'static str) -> impl FnOnce(cudarc::cublas::result::CublasError) -> CudaError {
+    pub fn cublas(
+        call: &'static str,
+    ) -> impl FnOnce(cudarc::cublas::result::CublasError) -> CudaError {
         move |e| CudaError::Cublas {
             call,
             message: format!("{e:?}"),

@@ -88,10 +88,15 @@ pub fn check_all(libs: &[Lib]) -> Result<(), Box<MissingLibrary>> {
 
 /// Tries cudarc's file names for each of `stems`; on failure, whether any of `others` loads.
 fn probe_names(lib: Lib, stems: &[&str], others: &[&str]) -> Result<(), MissingLibrary> {
-    let tried: Vec<String> = stems
+    let mut tried: Vec<String> = Vec::new();
+    for name in stems
         .iter()
         .flat_map(|s| cudarc::get_lib_name_candidates(s))
-        .collect();
+    {
+        if !tried.contains(&name) {
+            tried.push(name);
+        }
+    }
     if tried.iter().any(|name| loads(name)) {
         return Ok(());
     }
@@ -122,14 +127,28 @@ mod tests {
 
     #[test]
     fn a_missing_library_names_itself_the_names_tried_and_the_path() {
-        let e = probe_names(Lib::Nccl, &["zerosched-no-such-lib"], &["libzerosched-absent.so.2"])
-            .unwrap_err();
+        let e = probe_names(
+            Lib::Nccl,
+            &["zerosched-no-such-lib"],
+            &["libzerosched-absent.so.2"],
+        )
+        .unwrap_err();
         assert_eq!(e.lib, Lib::Nccl);
-        assert_eq!(e.tried.first().map(String::as_str), Some("libzerosched-no-such-lib.so"));
-        assert!(e.tried.len() > 5, "cudarc's whole candidate list: {:?}", e.tried);
+        assert_eq!(
+            e.tried.first().map(String::as_str),
+            Some("libzerosched-no-such-lib.so")
+        );
+        assert!(
+            e.tried.len() > 5,
+            "cudarc's whole candidate list: {:?}",
+            e.tried
+        );
         assert_eq!(e.found_as, None);
         let msg = e.to_string();
-        assert!(msg.starts_with("libnccl (NCCL) is not loadable: tried libzerosched-no-such-lib.so,"), "{msg}");
+        assert!(
+            msg.starts_with("libnccl (NCCL) is not loadable: tried libzerosched-no-such-lib.so,"),
+            "{msg}"
+        );
         assert!(msg.contains("system library path"), "{msg}");
     }
 
@@ -140,7 +159,8 @@ mod tests {
         assert_eq!(e.found_as.as_deref(), Some("libc.so.6"));
         let msg = e.to_string();
         assert!(
-            msg.contains("installed as `libc.so.6`") && msg.contains("symlink named `libzerosched-no-such-lib.so`"),
+            msg.contains("installed as `libc.so.6`")
+                && msg.contains("symlink named `libzerosched-no-such-lib.so`"),
             "{msg}"
         );
     }

@@ -40,7 +40,8 @@ impl Blas {
         let handle = result::create_handle().map_err(CudaError::cublas("cublasCreate"))?;
         let stream = dev.stream(StreamKind::Compute).cu_stream() as sys::cudaStream_t;
         // SAFETY: a fresh handle and a stream that lives as long as the device (`dev` is kept).
-        unsafe { result::set_stream(handle, stream) }.map_err(CudaError::cublas("cublasSetStream"))?;
+        unsafe { result::set_stream(handle, stream) }
+            .map_err(CudaError::cublas("cublasSetStream"))?;
         Ok(Blas {
             dev: dev.clone(),
             handle,
@@ -53,14 +54,29 @@ impl Blas {
             Elem::F32 => cudaDataType::CUDA_R_32F,
             Elem::BF16 => cudaDataType::CUDA_R_16BF,
             Elem::F16 => cudaDataType::CUDA_R_16F,
-            e => return Err(CudaError::Invalid(format!("matrix product of {} tensors", e.tag()))),
+            e => {
+                return Err(CudaError::Invalid(format!(
+                    "matrix product of {} tensors",
+                    e.tag()
+                )));
+            }
         };
         let int = |v: usize| {
-            i32::try_from(v).map_err(|_| CudaError::Invalid(format!("matrix dimension {v} exceeds cuBLAS's 32-bit range")))
+            i32::try_from(v).map_err(|_| {
+                CudaError::Invalid(format!(
+                    "matrix dimension {v} exceeds cuBLAS's 32-bit range"
+                ))
+            })
         };
         let (m, n, k, batch) = (int(g.m)?, int(g.n)?, int(g.k)?, int(g.batch)?);
         // Column-major cuBLAS computes Cᵀ = op(B)ᵀ · op(A)ᵀ: the operands swap.
-        let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
+        let op = |t: bool| {
+            if t {
+                cublasOperation_t::CUBLAS_OP_T
+            } else {
+                cublasOperation_t::CUBLAS_OP_N
+            }
+        };
         let ldb_ = if g.trans_b { k } else { n };
         let lda_ = if g.trans_a { m } else { k };
         let (alpha, beta) = (1.0f32, 0.0f32);

@@ -92,8 +92,17 @@ impl Comm {
     pub fn all_gather(&self, send: u64, recv: u64, count: usize, e: Elem) -> Result<()> {
         self.dev.bind()?;
         // SAFETY: pool blocks of the stated sizes, on this rank's communication stream.
-        unsafe { result::all_gather(send as *const c_void, recv as *mut c_void, count, dtype(e), self.comm, self.stream()) }
-            .map_err(CudaError::nccl("ncclAllGather"))?;
+        unsafe {
+            result::all_gather(
+                send as *const c_void,
+                recv as *mut c_void,
+                count,
+                dtype(e),
+                self.comm,
+                self.stream(),
+            )
+        }
+        .map_err(CudaError::nccl("ncclAllGather"))?;
         Ok(())
     }
 
@@ -102,7 +111,15 @@ impl Comm {
         self.dev.bind()?;
         // SAFETY: as in `all_gather`.
         unsafe {
-            result::reduce_scatter(send as *const c_void, recv as *mut c_void, count, dtype(e), ncclRedOp_t::ncclSum, self.comm, self.stream())
+            result::reduce_scatter(
+                send as *const c_void,
+                recv as *mut c_void,
+                count,
+                dtype(e),
+                ncclRedOp_t::ncclSum,
+                self.comm,
+                self.stream(),
+            )
         }
         .map_err(CudaError::nccl("ncclReduceScatter"))?;
         Ok(())
@@ -113,7 +130,15 @@ impl Comm {
         self.dev.bind()?;
         // SAFETY: as in `all_gather`.
         unsafe {
-            result::all_reduce(send as *const c_void, recv as *mut c_void, count, dtype(e), ncclRedOp_t::ncclSum, self.comm, self.stream())
+            result::all_reduce(
+                send as *const c_void,
+                recv as *mut c_void,
+                count,
+                dtype(e),
+                ncclRedOp_t::ncclSum,
+                self.comm,
+                self.stream(),
+            )
         }
         .map_err(CudaError::nccl("ncclAllReduce"))?;
         Ok(())

@@ -116,12 +116,17 @@ impl<E> Book<E> {
     /// did not hand out (or already took back) is an error.
     pub fn give_back(&mut self, ptr: u64, fences: Vec<(StreamKind, E)>) -> Result<Block> {
         let (size, bytes) = self.live.remove(&ptr).ok_or_else(|| {
-            CudaError::Invalid(format!("pool: free of {ptr:#x}, which is not a live buffer"))
+            CudaError::Invalid(format!(
+                "pool: free of {ptr:#x}, which is not a live buffer"
+            ))
         })?;
         self.stats.in_use -= size;
         self.stats.requested -= bytes;
         let block = Block { ptr, size };
-        self.idle.entry(size).or_default().push(Idle { block, fences });
+        self.idle
+            .entry(size)
+            .or_default()
+            .push(Idle { block, fences });
         Ok(block)
     }
 
@@ -204,7 +209,8 @@ impl Pool {
 
     fn malloc(&self, size: u64) -> Result<u64> {
         self.dev.bind()?;
-        let size = usize::try_from(size).map_err(|_| CudaError::Invalid("allocation size".into()))?;
+        let size =
+            usize::try_from(size).map_err(|_| CudaError::Invalid("allocation size".into()))?;
         // SAFETY: a plain device allocation; the pool owns the pointer until it frees it.
         unsafe { result::malloc_sync(size) }.map_err(CudaError::driver("cuMemAlloc"))
     }
@@ -266,11 +272,20 @@ mod tests {
     #[test]
     fn a_freed_block_is_reused_for_its_size_after_the_other_streams_fences() {
         let mut b: Book<&str> = Book::default();
-        assert!(b.take(1000, Compute).is_none(), "an empty pool has nothing idle");
+        assert!(
+            b.take(1000, Compute).is_none(),
+            "an empty pool has nothing idle"
+        );
         b.add_fresh(block(0x1000, 1000), 1000);
-        b.give_back(0x1000, vec![(Compute, "compute-done"), (Comm, "gather-done")])
-            .unwrap();
-        assert!(b.take(2000, Compute).is_none(), "another size class is not reused");
+        b.give_back(
+            0x1000,
+            vec![(Compute, "compute-done"), (Comm, "gather-done")],
+        )
+        .unwrap();
+        assert!(
+            b.take(2000, Compute).is_none(),
+            "another size class is not reused"
+        );
         let (got, waits) = b.take(600, Compute).unwrap();
         assert_eq!(got, block(0x1000, 1024));
         // Compute's own fence is implied by stream order; the communication stream's is not.
@@ -291,7 +306,11 @@ mod tests {
         assert_eq!((s.reserved, s.peak_reserved), (1536, 1536));
         b.give_back(0x2000, vec![]).unwrap();
         b.reset_peaks();
-        assert_eq!(b.stats().peak_requested, 200, "a new window starts from what is live");
+        assert_eq!(
+            b.stats().peak_requested,
+            200,
+            "a new window starts from what is live"
+        );
         assert_eq!(b.drain_idle(), vec![block(0x2000, 1000)]);
         assert_eq!(b.stats().reserved, 512);
     }

@@ -34,26 +34,36 @@ impl Launch {
         let num = |k: &str| -> Result<Option<u32>> {
             var(k)
                 .map(|v| {
-                    v.trim()
-                        .parse::<u32>()
-                        .map_err(|_| CudaError::Env(format!("{k}={v:?} is not a non-negative integer")))
+                    v.trim().parse::<u32>().map_err(|_| {
+                        CudaError::Env(format!("{k}={v:?} is not a non-negative integer"))
+                    })
                 })
                 .transpose()
         };
         let (rank, world) = match (num("RANK")?, num("WORLD_SIZE")?) {
             (None, None) => return Ok(None),
             (Some(r), Some(w)) => (r, w),
-            _ => return Err(CudaError::Env("RANK and WORLD_SIZE must be set together".into())),
+            _ => {
+                return Err(CudaError::Env(
+                    "RANK and WORLD_SIZE must be set together".into(),
+                ));
+            }
         };
         if world == 0 || rank >= world {
-            return Err(CudaError::Env(format!("RANK={rank} is not below WORLD_SIZE={world}")));
+            return Err(CudaError::Env(format!(
+                "RANK={rank} is not below WORLD_SIZE={world}"
+            )));
         }
         let local_rank = num("LOCAL_RANK")?.unwrap_or(rank);
         let master = match (var("MASTER_ADDR"), var("MASTER_PORT")) {
             (Some(a), Some(p)) => Some(format!("{a}:{p}")),
             (None, Some(p)) => Some(format!("127.0.0.1:{p}")),
             _ if world == 1 => None,
-            _ => return Err(CudaError::Env(format!("WORLD_SIZE={world} needs MASTER_PORT (and MASTER_ADDR off node)"))),
+            _ => {
+                return Err(CudaError::Env(format!(
+                    "WORLD_SIZE={world} needs MASTER_PORT (and MASTER_ADDR off node)"
+                )));
+            }
         };
         Ok(Some(Launch {
             rank,
@@ -84,7 +94,9 @@ impl Server {
                 addr: a.clone(),
                 message: m,
             };
-            listener.set_nonblocking(true).map_err(|e| err(e.to_string()))?;
+            listener
+                .set_nonblocking(true)
+                .map_err(|e| err(e.to_string()))?;
             let deadline = Instant::now() + timeout;
             let mut served = 0;
             while served < peers {
@@ -98,7 +110,9 @@ impl Server {
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         if Instant::now() > deadline {
-                            return Err(err(format!("{served} of {peers} ranks connected within {timeout:?}")));
+                            return Err(err(format!(
+                                "{served} of {peers} ranks connected within {timeout:?}"
+                            )));
                         }
                         std::thread::sleep(Duration::from_millis(5));
                     }
@@ -133,11 +147,14 @@ pub fn fetch(addr: &str, timeout: Duration) -> Result<[u8; ID_BYTES]> {
     let mut s = loop {
         match TcpStream::connect(addr) {
             Ok(s) => break s,
-            Err(e) if Instant::now() > deadline => return Err(err(format!("no rank 0 within {timeout:?}: {e}"))),
+            Err(e) if Instant::now() > deadline => {
+                return Err(err(format!("no rank 0 within {timeout:?}: {e}")));
+            }
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     };
-    s.set_read_timeout(Some(timeout)).map_err(|e| err(e.to_string()))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| err(e.to_string()))?;
     let mut magic = [0u8; 8];
     let mut id = [0u8; ID_BYTES];
     s.read_exact(&mut magic)
@@ -155,19 +172,30 @@ mod tests {
     use std::collections::HashMap;
 
     fn launch(vars: &[(&str, &str)]) -> Result<Option<Launch>> {
-        let m: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Launch::from_vars(|k| m.get(k).cloned())
     }
 
     #[test]
     fn the_environment_gives_rank_world_local_rank_and_master() {
         assert_eq!(launch(&[]).unwrap(), None);
-        let l = launch(&[("RANK", "3"), ("WORLD_SIZE", "8"), ("LOCAL_RANK", "1"), ("MASTER_ADDR", "node0"), ("MASTER_PORT", "29500")])
-            .unwrap()
-            .unwrap();
+        let l = launch(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "node0"),
+            ("MASTER_PORT", "29500"),
+        ])
+        .unwrap()
+        .unwrap();
         assert_eq!((l.rank, l.world, l.local_rank), (3, 8, 1));
         assert_eq!(l.master.as_deref(), Some("node0:29500"));
-        let one = launch(&[("RANK", "0"), ("WORLD_SIZE", "1")]).unwrap().unwrap();
+        let one = launch(&[("RANK", "0"), ("WORLD_SIZE", "1")])
+            .unwrap()
+            .unwrap();
         assert_eq!((one.local_rank, one.master), (0, None));
     }
 
@@ -177,7 +205,10 @@ mod tests {
             (&[("RANK", "1")][..], "set together"),
             (&[("RANK", "2"), ("WORLD_SIZE", "2")][..], "not below"),
             (&[("RANK", "x"), ("WORLD_SIZE", "2")][..], "RANK=\"x\""),
-            (&[("RANK", "0"), ("WORLD_SIZE", "2")][..], "needs MASTER_PORT"),
+            (
+                &[("RANK", "0"), ("WORLD_SIZE", "2")][..],
+                "needs MASTER_PORT",
+            ),
         ] {
             let e = launch(vars).unwrap_err().to_string();
             assert!(e.contains(needle), "{vars:?}: {e}");
@@ -192,7 +223,9 @@ mod tests {
             l.local_addr().unwrap().to_string()
         };
         let mut id = [0u8; ID_BYTES];
-        id.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8 ^ 0x5a);
+        id.iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = i as u8 ^ 0x5a);
         let server = Server::start(&addr, id, 3, Duration::from_secs(10)).unwrap();
         let peers: Vec<_> = (0..3)
             .map(|_| {
@@ -212,8 +245,13 @@ mod tests {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().to_string()
         };
-        let e = fetch(&addr, Duration::from_millis(100)).unwrap_err().to_string();
-        assert!(e.starts_with(&format!("rendezvous at {addr}: no rank 0 within")), "{e}");
+        let e = fetch(&addr, Duration::from_millis(100))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("rendezvous at {addr}: no rank 0 within")),
+            "{e}"
+        );
         let lonely = Server::start(&addr, [0; ID_BYTES], 1, Duration::from_millis(50)).unwrap();
         let e = lonely.finish().unwrap_err().to_string();
         assert!(e.contains("0 of 1 ranks connected"), "{e}");

@@ -22,7 +22,9 @@ impl Spin {
             measure_ns(dev, k, 10_000)?;
         }
         let median = |dev: &Device, k: &mut Kernels, ns: i64| -> Result<f64> {
-            let mut v = (0..7).map(|_| measure_ns(dev, k, ns)).collect::<Result<Vec<f64>>>()?;
+            let mut v = (0..7)
+                .map(|_| measure_ns(dev, k, ns))
+                .collect::<Result<Vec<f64>>>()?;
             v.sort_by(f64::total_cmp);
             Ok(v[v.len() / 2])
         };
@@ -43,7 +45,9 @@ impl Spin {
 
     /// Nanoseconds to ask the kernel for so that it takes `us` microseconds.
     pub fn request_ns(&self, us: f64) -> i64 {
-        ((us * 1e3 - self.intercept_ns) / self.slope).max(0.0).round() as i64
+        ((us * 1e3 - self.intercept_ns) / self.slope)
+            .max(0.0)
+            .round() as i64
     }
 
     /// Queues a spin of `us` microseconds on `stream`.
@@ -57,8 +61,11 @@ pub fn measure_ns(dev: &Device, k: &mut Kernels, ns: i64) -> Result<f64> {
     let start = dev.timing_event(StreamKind::Compute)?;
     k.spin(ns, StreamKind::Compute)?;
     let end = dev.timing_event(StreamKind::Compute)?;
-    end.synchronize().map_err(CudaError::driver("cuEventSynchronize"))?;
-    let ms = start.elapsed_ms(&end).map_err(CudaError::driver("cuEventElapsedTime"))?;
+    end.synchronize()
+        .map_err(CudaError::driver("cuEventSynchronize"))?;
+    let ms = start
+        .elapsed_ms(&end)
+        .map_err(CudaError::driver("cuEventElapsedTime"))?;
     Ok(f64::from(ms) * 1e6)
 }
 
@@ -72,7 +79,14 @@ mod tests {
             slope: 1.02,
             intercept_ns: 3000.0,
         };
-        assert_eq!(s.request_ns(100.0), ((100_000.0 - 3000.0) / 1.02f64).round() as i64);
-        assert_eq!(s.request_ns(1.0), 0, "shorter than the fixed cost: no spin at all");
+        assert_eq!(
+            s.request_ns(100.0),
+            ((100_000.0 - 3000.0) / 1.02f64).round() as i64
+        );
+        assert_eq!(
+            s.request_ns(1.0),
+            0,
+            "shorter than the fixed cost: no spin at all"
+        );
     }
 }

@@ -176,9 +176,13 @@ impl Kernels {
         s: f64,
         t: f64,
     ) -> Result<()> {
-        let expr = ops::find(op).ok_or_else(|| CudaError::Invalid(format!("no elementwise op `{op}`")))?;
+        let expr =
+            ops::find(op).ok_or_else(|| CudaError::Invalid(format!("no elementwise op `{op}`")))?;
         if out.shape.len() > MAX_DIMS {
-            return Err(CudaError::Invalid(format!("{} dimensions (at most {MAX_DIMS})", out.shape.len())));
+            return Err(CudaError::Invalid(format!(
+                "{} dimensions (at most {MAX_DIMS})",
+                out.shape.len()
+            )));
         }
         let elems: Vec<Elem> = ins.iter().map(|v| v.elem).collect();
         let name = source::elementwise_name(expr, &elems, out.elem);
@@ -230,14 +234,28 @@ impl Kernels {
         let scale = if r == 0 { 0.0f32 } else { 1.0 / r as f32 };
         let stream = self.dev.stream(StreamKind::Compute);
         let mut b = stream.launch_builder(&f);
-        b.arg(&out).arg(&x).arg(&outer).arg(&r).arg(&inner).arg(&scale);
+        b.arg(&out)
+            .arg(&x)
+            .arg(&outer)
+            .arg(&r)
+            .arg(&inner)
+            .arg(&scale);
         // SAFETY: generated signature; `x` holds outer*r*inner and `out` outer*inner elements.
-        unsafe { b.launch(warp_grid((outer * inner) as u64)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
+        unsafe { b.launch(warp_grid((outer * inner) as u64)) }
+            .map_err(CudaError::driver("cuLaunchKernel"))?;
         Ok(())
     }
 
     /// Softmax or log-softmax over the last axis of contiguous `[rows, cols]` `x`.
-    pub fn softmax(&mut self, x: u64, out: u64, e: Elem, rows: usize, cols: usize, log: bool) -> Result<()> {
+    pub fn softmax(
+        &mut self,
+        x: u64,
+        out: u64,
+        e: Elem,
+        rows: usize,
+        cols: usize,
+        log: bool,
+    ) -> Result<()> {
         let name = source::softmax_name(e, log);
         let f = self.function(&name, || Ok(source::softmax(e, log)))?;
         let (rows, cols) = (rows as i64, cols as i64);
@@ -283,7 +301,13 @@ impl Kernels {
         self.launch_indexed(&f, [out, src, idx], [outer, dim, len, inner], bad)
     }
 
-    fn launch_indexed(&self, f: &CudaFunction, ptrs: [u64; 3], dims: [usize; 4], bad: u64) -> Result<()> {
+    fn launch_indexed(
+        &self,
+        f: &CudaFunction,
+        ptrs: [u64; 3],
+        dims: [usize; 4],
+        bad: u64,
+    ) -> Result<()> {
         let [outer, dim, len, inner] = dims.map(|d| d as i64);
         let stream = self.dev.stream(StreamKind::Compute);
         let mut b = stream.launch_builder(f);
@@ -291,23 +315,42 @@ impl Kernels {
         b.arg(&outer).arg(&dim).arg(&len).arg(&inner).arg(&bad);
         // SAFETY: generated signature (index_select and gather share it); buffers hold their
         // extents, and out-of-range indices are caught in the kernel.
-        unsafe { b.launch(grid((outer * len * inner) as u64)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
+        unsafe { b.launch(grid((outer * len * inner) as u64)) }
+            .map_err(CudaError::driver("cuLaunchKernel"))?;
         Ok(())
     }
 
     /// Copies contiguous `[outer, len, inner]` `src` into `[outer, total, inner]` `out` at
     /// `offset` along the middle axis.
     #[allow(clippy::too_many_arguments)]
-    pub fn cat(&mut self, out: u64, src: u64, e: Elem, outer: usize, len: usize, inner: usize, total: usize, offset: usize) -> Result<()> {
+    pub fn cat(
+        &mut self,
+        out: u64,
+        src: u64,
+        e: Elem,
+        outer: usize,
+        len: usize,
+        inner: usize,
+        total: usize,
+        offset: usize,
+    ) -> Result<()> {
         let name = source::cat_name(e);
         let f = self.function(&name, || Ok(source::cat(e)))?;
-        let [outer, len, inner, total, offset] = [outer, len, inner, total, offset].map(|d| d as i64);
+        let [outer, len, inner, total, offset] =
+            [outer, len, inner, total, offset].map(|d| d as i64);
         let stream = self.dev.stream(StreamKind::Compute);
         let mut b = stream.launch_builder(&f);
-        b.arg(&out).arg(&src).arg(&outer).arg(&len).arg(&inner).arg(&total).arg(&offset);
+        b.arg(&out)
+            .arg(&src)
+            .arg(&outer)
+            .arg(&len)
+            .arg(&inner)
+            .arg(&total)
+            .arg(&offset);
         // SAFETY: generated signature; `out` holds outer*total*inner elements and
         // offset+len <= total.
-        unsafe { b.launch(grid((outer * len * inner) as u64)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
+        unsafe { b.launch(grid((outer * len * inner) as u64)) }
+            .map_err(CudaError::driver("cuLaunchKernel"))?;
         Ok(())
     }
 
@@ -340,7 +383,11 @@ mod tests {
             strides: vec![1, 3],
             ..View::contiguous(0, Elem::F32, &[3, 4])
         };
-        assert_eq!(broadcast_strides(&[3, 4], &t).unwrap(), vec![1, 3], "a transposed view keeps its strides");
+        assert_eq!(
+            broadcast_strides(&[3, 4], &t).unwrap(),
+            vec![1, 3],
+            "a transposed view keeps its strides"
+        );
         let e = broadcast_strides(&[3, 4], &View::contiguous(0, Elem::F32, &[2, 4])).unwrap_err();
         assert!(e.contains("[2, 4] does not broadcast to [3, 4]"), "{e}");
     }

@@ -41,7 +41,12 @@ pub const OPS: &[OpExpr] = &[
     op("tanh", 1, "tanhf(a)", true),
     op("relu", 1, "(a > (C)0 ? a : (C)0)", false),
     op("silu", 1, "a / (1.0f + expf(-a))", true),
-    op("gelu", 1, "0.5f * a * (1.0f + erff(a * 0.70710678118654752f))", true),
+    op(
+        "gelu",
+        1,
+        "0.5f * a * (1.0f + erff(a * 0.70710678118654752f))",
+        true,
+    ),
     op("pow_scalar", 1, "powf(a, (float)s)", true),
     op("add_scalar", 1, "a + (C)s", false),
     op("mul_scalar", 1, "a * (C)s", false),
@@ -84,7 +89,11 @@ mod tests {
     #[test]
     fn names_are_unique_and_expressions_use_only_their_operands() {
         for (i, o) in OPS.iter().enumerate() {
-            assert!(OPS[..i].iter().all(|p| p.name != o.name), "{} twice", o.name);
+            assert!(
+                OPS[..i].iter().all(|p| p.name != o.name),
+                "{} twice",
+                o.name
+            );
             assert!((1..=3).contains(&o.arity), "{}", o.name);
             let uses = |v: char| {
                 o.expr
@@ -92,7 +101,13 @@ mod tests {
                     .any(|w| w.len() == 1 && w.starts_with(v))
             };
             for (k, v) in ['a', 'b', 'c'].into_iter().enumerate() {
-                assert_eq!(uses(v), k < o.arity, "`{}`: operand {v} in {:?}", o.name, o.expr);
+                assert_eq!(
+                    uses(v),
+                    k < o.arity,
+                    "`{}`: operand {v} in {:?}",
+                    o.name,
+                    o.expr
+                );
             }
         }
     }

@@ -116,13 +116,21 @@ pub fn elementwise_name(op: &OpExpr, ins: &[Elem], out: Elem) -> String {
 /// Signature: `(out, a[, b[, c]], n, ndim, Lay, s, t)`.
 pub fn elementwise(op: &OpExpr, ins: &[Elem], out: Elem) -> Result<String, String> {
     if ins.len() != op.arity {
-        return Err(format!("`{}` takes {} operands, not {}", op.name, op.arity, ins.len()));
+        return Err(format!(
+            "`{}` takes {} operands, not {}",
+            op.name,
+            op.arity,
+            ins.len()
+        ));
     }
     let mut all = ins.to_vec();
     all.push(out);
     let c = compute_type(&all);
     if op.float_only && c != "float" {
-        return Err(format!("`{}` is defined for floating-point tensors only", op.name));
+        return Err(format!(
+            "`{}` is defined for floating-point tensors only",
+            op.name
+        ));
     }
     let vars = ["a", "b", "c"];
     let name = elementwise_name(op, ins, out);
@@ -141,7 +149,13 @@ pub fn elementwise(op: &OpExpr, ins: &[Elem], out: Elem) -> Result<String, Strin
     let loads: String = ins
         .iter()
         .enumerate()
-        .map(|(k, e)| format!("    C {v} = (C)ld_{t}(p{v}[i{v}]);\n", v = vars[k], t = e.tag()))
+        .map(|(k, e)| {
+            format!(
+                "    C {v} = (C)ld_{t}(p{v}[i{v}]);\n",
+                v = vars[k],
+                t = e.tag()
+            )
+        })
         .collect();
     Ok(format!(
         r#"
@@ -188,7 +202,11 @@ pub fn reduce_name(op: Reduce, input: Elem, out: Elem) -> String {
 /// `(out, x, outer, r, inner, scale)`.
 pub fn reduce(op: Reduce, input: Elem, out: Elem) -> String {
     let (_, init, combine) = op.parts();
-    let finish = if op == Reduce::Mean { "acc * scale" } else { "acc" };
+    let finish = if op == Reduce::Mean {
+        "acc * scale"
+    } else {
+        "acc"
+    };
     format!(
         r#"
 extern "C" __global__ void {name}({o}* __restrict__ out, const {i}* __restrict__ x, long long outer, long long r, long long inner, float scale) {{
@@ -348,14 +366,19 @@ mod tests {
         assert!(src.contains("typedef float C;"));
         assert!(src.contains("long long ia = lay.off[0]; long long ib = lay.off[1];"));
         assert!(src.contains("ia += q * lay.st[0][d]; ib += q * lay.st[1][d];"));
-        assert!(src.contains("C a = (C)ld_bf16(pa[ia]);") && src.contains("C b = (C)ld_f32(pb[ib]);"));
+        assert!(
+            src.contains("C a = (C)ld_bf16(pa[ia]);") && src.contains("C b = (C)ld_f32(pb[ib]);")
+        );
         assert!(src.contains("out[i] = st_f32(a + (C)s * b);"), "{src}");
     }
 
     #[test]
     fn integer_kernels_compute_in_64_bits_and_refuse_math_functions() {
         let src = elementwise(op("lt"), &[Elem::I64, Elem::I64], Elem::Bool).unwrap();
-        assert!(src.contains("typedef long long C;") && src.contains("st_bool((C)(a < b))"), "{src}");
+        assert!(
+            src.contains("typedef long long C;") && src.contains("st_bool((C)(a < b))"),
+            "{src}"
+        );
         let e = elementwise(op("exp"), &[Elem::I64], Elem::I64).unwrap_err();
         assert!(e.contains("floating-point"), "{e}");
         let e = elementwise(op("where"), &[Elem::Bool, Elem::F32], Elem::F32).unwrap_err();
@@ -366,7 +389,10 @@ mod tests {
     fn reductions_accumulate_in_f32_and_scale_only_the_mean() {
         let mean = reduce(Reduce::Mean, Elem::F16, Elem::F16);
         assert!(mean.contains("reduce_mean_f16_to_f16(unsigned short* __restrict__ out, const unsigned short* __restrict__ x"));
-        assert!(mean.contains("float acc = 0.0f;") && mean.contains("st_f16(acc * scale)"), "{mean}");
+        assert!(
+            mean.contains("float acc = 0.0f;") && mean.contains("st_f16(acc * scale)"),
+            "{mean}"
+        );
         let max = reduce(Reduce::Max, Elem::F32, Elem::F32);
         assert!(max.contains("float acc = -INFINITY;") && max.contains("acc = fmaxf(acc, v);"));
         assert!(max.contains("st_f32(acc)"), "{max}");
