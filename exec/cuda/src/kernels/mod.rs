@@ -375,6 +375,73 @@ impl Kernels {
 mod tests {
     use super::*;
 
+    /// Every kernel the generator makes, for every dtype it takes, compiles with NVRTC (where
+    /// libnvrtc is loadable: the GPU machine, or a development machine with NVRTC's wheel on
+    /// `LD_LIBRARY_PATH`; elsewhere there is nothing to compile with).
+    #[test]
+    fn every_generated_kernel_compiles_with_nvrtc_where_it_is_present() {
+        if let Err(e) = libs::check(Lib::Nvrtc) {
+            eprintln!("skipped: {e}");
+            return;
+        }
+        let all = [
+            Elem::F32,
+            Elem::BF16,
+            Elem::F16,
+            Elem::I64,
+            Elem::I32,
+            Elem::Bool,
+        ];
+        let mut sources = vec![];
+        for op in ops::OPS {
+            for e in all {
+                let ins = vec![e; op.arity];
+                if let Ok(src) = source::elementwise(op, &ins, e) {
+                    sources.push(src);
+                }
+            }
+        }
+        let where_ = ops::find("where").unwrap();
+        sources.push(
+            source::elementwise(where_, &[Elem::Bool, Elem::BF16, Elem::BF16], Elem::BF16).unwrap(),
+        );
+        sources.push(
+            source::elementwise(
+                ops::find("lt").unwrap(),
+                &[Elem::F16, Elem::F32],
+                Elem::Bool,
+            )
+            .unwrap(),
+        );
+        for e in [Elem::F32, Elem::BF16, Elem::F16] {
+            for op in [Reduce::Sum, Reduce::Mean, Reduce::Max, Reduce::Min] {
+                sources.push(source::reduce(op, e, e));
+            }
+            if e != Elem::F32 {
+                sources.push(source::reduce(Reduce::Sum, e, Elem::F32));
+            }
+            sources.push(source::softmax(e, false));
+            sources.push(source::softmax(e, true));
+        }
+        for e in all {
+            for idx in [Elem::I64, Elem::I32] {
+                sources.push(source::index_select(e, idx));
+                sources.push(source::gather(e, idx));
+            }
+            sources.push(source::cat(e));
+        }
+        sources.push(source::SPIN.to_string());
+        // One program: every name is distinct, so a clash would fail here too.
+        let program = format!("{}{}", source::PRELUDE, sources.concat());
+        let opts = CompileOptions {
+            options: vec!["--gpu-architecture=compute_90".into()],
+            ..Default::default()
+        };
+        if let Err(e) = compile_ptx_with_opts(&program, opts) {
+            panic!("{e}");
+        }
+    }
+
     #[test]
     fn broadcasting_gives_zero_strides_to_repeated_dimensions() {
         let v = View::contiguous(0, Elem::F32, &[3, 1]);

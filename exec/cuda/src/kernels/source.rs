@@ -3,7 +3,8 @@
 //! The source includes no CUDA header (the GPU machines have NVRTC but not always the
 //! toolkit's include directory): bf16 and f16 are stored as 16-bit integers and converted
 //! with bit operations and PTX `cvt` instructions, computing in f32 as the CPU backend does
-//! (one rounding per op, at the store).
+//! (one rounding per op, at the store); infinity is spelled `ZS_INF` (math.h's `INFINITY` is
+//! a header macro).
 
 use super::ops::OpExpr;
 use zerosched_ir::Dtype;
@@ -94,6 +95,7 @@ __device__ __forceinline__ int st_i32(long long v) { return (int)v; }
 __device__ __forceinline__ long long ld_bool(unsigned char x) { return x != 0; }
 __device__ __forceinline__ unsigned char st_bool(double v) { return v != 0; }
 struct Lay { long long shape[8]; long long st[3][8]; long long off[3]; };
+#define ZS_INF __int_as_float(0x7f800000)
 "#;
 
 /// The compute type of a kernel over these element types: f32 if any is floating point.
@@ -188,8 +190,8 @@ impl Reduce {
         match self {
             Reduce::Sum => ("sum", "0.0f", "acc + v"),
             Reduce::Mean => ("mean", "0.0f", "acc + v"),
-            Reduce::Max => ("max", "-INFINITY", "fmaxf(acc, v)"),
-            Reduce::Min => ("min", "INFINITY", "fminf(acc, v)"),
+            Reduce::Max => ("max", "-ZS_INF", "fmaxf(acc, v)"),
+            Reduce::Min => ("min", "ZS_INF", "fminf(acc, v)"),
         }
     }
 }
@@ -248,7 +250,7 @@ extern "C" __global__ void {name}({t}* __restrict__ out, const {t}* __restrict__
   int lane = threadIdx.x % 32;
   for (long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {{
     const {t}* in = x + row * cols;
-    float m = -INFINITY;
+    float m = -ZS_INF;
     for (long long j = lane; j < cols; j += 32) m = fmaxf(m, ld_{g}(in[j]));
     for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
     float sum = 0.0f;
@@ -394,7 +396,7 @@ mod tests {
             "{mean}"
         );
         let max = reduce(Reduce::Max, Elem::F32, Elem::F32);
-        assert!(max.contains("float acc = -INFINITY;") && max.contains("acc = fmaxf(acc, v);"));
+        assert!(max.contains("float acc = -ZS_INF;") && max.contains("acc = fmaxf(acc, v);"));
         assert!(max.contains("st_f32(acc)"), "{max}");
     }
 
