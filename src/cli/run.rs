@@ -54,14 +54,11 @@ pub fn run(args: Args) -> Result<(), Failure> {
     if args.world_size == 0 {
         return Err("--world-size must be at least 1".into());
     }
-    if args.executor == "cuda" {
-        if let Some(e) = super::cuda::unavailable() {
-            return Err(e);
-        }
-        return Err(
-            "the CUDA executor's graph execution is not wired yet (issue 19: it lands on the reshaped executor); `zerosched calibrate` and the backend's self-test run on this machine"
-                .into(),
-        );
+    // Before reading anything: a machine without the CUDA libraries is told at once.
+    if args.executor == "cuda"
+        && let Some(e) = super::cuda::unavailable()
+    {
+        return Err(e);
     }
     let (label, mut program) = super::check::input(args.input.as_deref())?;
     if let Some(s) = &args.scheduler {
@@ -93,6 +90,8 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let started = std::time::Instant::now();
     let run = if args.dry_run {
         run_program(&program, &inputs, world, |_| Ok(Dry))?
+    } else if args.executor == "cuda" {
+        super::cuda::run_program(&program, &inputs, world)?
     } else {
         let limit = args.memory_limit.map_or(Limit::Host, Limit::Bytes);
         ensure_fits(&program, &inputs, world, &limit)?;

@@ -8,7 +8,9 @@
 //! no CUDA toolkit is installed, and on a machine without one every entry point returns
 //! [`CudaError::MissingLibrary`] (checked by [`libs`] before cudarc could panic).
 
+pub mod backend;
 pub mod calibrate;
+pub mod comm;
 pub mod device;
 pub mod error;
 pub mod kernels;

@@ -21,6 +21,7 @@ pub struct Comm {
     comm: sys::ncclComm_t,
     pub rank: u32,
     pub world: u32,
+    aborted: bool,
 }
 
 fn dtype(e: Elem) -> ncclDataType_t {
@@ -58,6 +59,7 @@ impl Comm {
             comm,
             rank,
             world,
+            aborted: false,
         })
     }
 
@@ -144,14 +146,26 @@ impl Comm {
         Ok(())
     }
 
-    /// Runs `f`'s collectives as one NCCL group (one launch for a bucket).
-    pub fn group<T>(&self, f: impl FnOnce(&Comm) -> Result<T>) -> Result<T> {
+    /// The collectives from here to [`Comm::group_end`] are one NCCL group (one launch for
+    /// a bucket).
+    pub fn group_start(&self) -> Result<()> {
         result::group_start().map_err(CudaError::nccl("ncclGroupStart"))?;
-        let r = f(self);
-        let end = result::group_end().map_err(CudaError::nccl("ncclGroupEnd"));
-        let v = r?;
-        end?;
-        Ok(v)
+        Ok(())
+    }
+
+    pub fn group_end(&self) -> Result<()> {
+        result::group_end().map_err(CudaError::nccl("ncclGroupEnd"))?;
+        Ok(())
+    }
+
+    /// Another rank failed: abandons the collectives in flight (the communicator is unusable
+    /// after).
+    pub fn abort(&mut self) {
+        if !self.aborted {
+            // SAFETY: the communicator is this value's; it is not used for collectives after.
+            let _ = unsafe { result::comm_abort(self.comm) };
+            self.aborted = true;
+        }
     }
 }
 
@@ -159,6 +173,9 @@ impl Drop for Comm {
     fn drop(&mut self) {
         // SAFETY: the communicator is this value's; the device is synchronised first so that
         // no queued collective outlives it.
+        if self.aborted {
+            return;
+        }
         let _ = self.dev.synchronize();
         let _ = unsafe { result::comm_destroy(self.comm) };
     }
