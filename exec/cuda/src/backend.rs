@@ -481,7 +481,9 @@ pub fn resolve(target: &str) -> Option<Kernel> {
         "aten.log.default" => |c, e| unary(c, e, "log"),
         "aten.pow.Tensor_Scalar" => pow_scalar,
         "aten._to_copy.default" | "prims.convert_element_type.default" => to_copy,
-        "aten.clone.default" | "aten.alias.default" => |c, e| unary(c, e, "copy"),
+        "aten.clone.default" => |c, e| unary(c, e, "copy"),
+        // An alias is a view: the executor frees its storage class once, through either.
+        "aten.alias.default" => |_, e| one(tensor(e, 0)?.clone()),
         "aten.view.default" | "aten._unsafe_view.default" | "aten.reshape.default" => view,
         "aten.unsqueeze.default" => unsqueeze,
         "aten.squeeze.dims" | "aten.squeeze.dim" | "aten.squeeze.default" => squeeze,
@@ -537,8 +539,15 @@ fn binary(
         return one(c.ew(op, &[a, b], dt, s)?);
     }
     let x = number(rhs).ok_or_else(|| format!("expected a tensor or a number, found {rhs:?}"))?;
-    // The number as a 0-d tensor of the computing dtype, broadcast.
-    let st = c.scalar(x, a.dtype)?;
+    // The number as a 0-d tensor, broadcast: in the input's dtype, or the result's when an
+    // integer tensor meets a number into a floating-point result (torch's promotion).
+    let float = |d: Dtype| Elem::of(d).is_some_and(Elem::is_float);
+    let sdt = if float(dt) && !float(a.dtype) {
+        dt
+    } else {
+        a.dtype
+    };
+    let st = c.scalar(x, sdt)?;
     let out = c.ew(op, &[a, &st], dt, s);
     c.release(&st);
     one(out?)
