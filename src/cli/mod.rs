@@ -1,8 +1,10 @@
 //! Command-line parsing and dispatch. Exit codes: 0 success, 1 invalid input (the message on
 //! stderr names the place), 2 usage error (clap's own).
 
+mod calibrate;
 mod check;
 mod convert;
+mod cuda;
 mod run;
 mod schedule;
 mod simulate;
@@ -19,7 +21,8 @@ Examples:
   zerosched schedule                           schedule the embedded default program
   zerosched schedule llama.program.json --budget 2GiB --world-size 8 -o scheduled.json
   zerosched schedule llama.program.json --scheduler deepcompile --trace trace.json
-  zerosched simulate scheduled.json --report report.json";
+  zerosched simulate scheduled.json --report report.json
+  zerosched calibrate -o table.json            measure NCCL collectives (CUDA build)";
 
 #[derive(Parser)]
 #[command(name = "zerosched", version, about = "ZeRO-3 communication scheduling for exported PyTorch training graphs", after_help = EXAMPLES)]
@@ -40,6 +43,9 @@ enum Command {
     Run(run::Args),
     /// Simulate a graph or program as it stands (two streams: compute, communication).
     Simulate(simulate::Args),
+    /// Measure NCCL all-gather/reduce-scatter/all-reduce times into a cost model (needs the
+    /// `cuda` build and GPUs).
+    Calibrate(calibrate::Args),
 }
 
 /// A failure the tool reports: always about the input, so exit code 1.
@@ -53,6 +59,7 @@ pub fn main() -> ExitCode {
         Command::Schedule(a) => schedule::run(a),
         Command::Simulate(a) => simulate::run(a),
         Command::Run(a) => run::run(a),
+        Command::Calibrate(a) => calibrate::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -18,8 +18,9 @@ use zerosched_passes::simulate::{SimOptions, simulate_program};
 pub struct Args {
     /// Graph or program, scheduled or not; the embedded default program if omitted.
     input: Option<PathBuf>,
-    /// Executor backend.
-    #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
+    /// Executor backend: `cpu` (reference), or `cuda` (a build with the `cuda` feature, on a
+    /// machine with the CUDA libraries and a GPU).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     executor: String,
     /// Ranks, each a thread of this process with its own interpreter, exchanging buffers
     /// through in-process collectives; each holds one shard of every sharded parameter.
@@ -53,6 +54,12 @@ pub fn run(args: Args) -> Result<(), Failure> {
     if args.world_size == 0 {
         return Err("--world-size must be at least 1".into());
     }
+    // Before reading anything: a machine without the CUDA libraries is told at once.
+    if args.executor == "cuda"
+        && let Some(e) = super::cuda::unavailable()
+    {
+        return Err(e);
+    }
     let (label, mut program) = super::check::input(args.input.as_deref())?;
     if let Some(s) = &args.scheduler {
         let opts = zerosched_passes::pipeline::PipelineOptions {
@@ -83,6 +90,8 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let started = std::time::Instant::now();
     let run = if args.dry_run {
         run_program(&program, &inputs, world, |_| Ok(Dry))?
+    } else if args.executor == "cuda" {
+        super::cuda::run_program(&program, &inputs, world)?
     } else {
         let limit = args.memory_limit.map_or(Limit::Host, Limit::Bytes);
         ensure_fits(&program, &inputs, world, &limit)?;

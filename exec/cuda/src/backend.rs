@@ -1,0 +1,1135 @@
+//! The executor's CUDA backend: one rank's device behind `zerosched_exec::Backend`.
+//!
+//! A tensor is a strided view of a pool block; shape ops (view, permute, transpose, expand,
+//! slice, squeeze, unsqueeze) make new views of the same block, everything else launches
+//! generated kernels or cuBLAS on the compute stream. A free fences both streams (the
+//! communication stream may have read the buffer) and returns the block to the pool. The ops
+//! are a subset of the CPU backend's (listed in [`resolve`]); a graph with another op is
+//! refused before it runs, naming op and node.
+
+use crate::device::{Device, StreamKind};
+use crate::error::CudaError;
+use crate::kernels::source::{Elem, Reduce};
+use crate::kernels::{Kernels, View, contiguous_strides};
+use crate::matmul::{Blas, Gemm};
+use crate::pool::{Block, Pool, PoolStats};
+use zerosched_exec::host::{self, Data};
+use zerosched_exec::{Backend, BackendError, Env, NodeError, Value};
+use zerosched_ir::{Arg, Dtype, NodeId, TensorMeta};
+
+/// A strided view of a pool block.
+#[derive(Clone, Debug)]
+pub struct CudaTensor {
+    pub block: Block,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub strides: Vec<i64>,
+    pub offset: i64,
+}
+
+impl CudaTensor {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    fn elem(&self) -> Result<Elem, String> {
+        elem(self.dtype)
+    }
+
+    fn is_contiguous(&self) -> bool {
+        self.offset == 0 && self.strides == contiguous_strides(&self.shape)
+    }
+
+    fn view(&self) -> Result<View, String> {
+        Ok(View {
+            ptr: self.block.ptr,
+            elem: self.elem()?,
+            shape: self.shape.clone(),
+            strides: self.strides.clone(),
+            offset: self.offset,
+        })
+    }
+
+    /// The same storage, another shape and strides.
+    fn restride(&self, shape: Vec<usize>, strides: Vec<i64>, offset: i64) -> CudaTensor {
+        CudaTensor {
+            block: self.block,
+            dtype: self.dtype,
+            shape,
+            strides,
+            offset,
+        }
+    }
+}
+
+fn elem(d: Dtype) -> Result<Elem, String> {
+    Elem::of(d).ok_or_else(|| format!("dtype {d} is not supported by the CUDA backend"))
+}
+
+/// A kernel of the backend.
+pub type Kernel = fn(&mut Cuda, &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String>;
+
+/// One rank's CUDA backend.
+pub struct Cuda {
+    pub dev: Device,
+    pub pool: Pool,
+    k: Kernels,
+    blas: Blas,
+}
+
+fn kernel_err(e: impl std::fmt::Display) -> BackendError {
+    BackendError::Kernel(e.to_string())
+}
+
+impl Cuda {
+    pub fn new(dev: &Device) -> Result<Cuda, CudaError> {
+        Ok(Cuda {
+            dev: dev.clone(),
+            pool: Pool::new(dev),
+            k: Kernels::new(dev)?,
+            blas: Blas::new(dev)?,
+        })
+    }
+
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// A new contiguous tensor (uninitialised) used first on `stream`.
+    pub fn empty_on(
+        &mut self,
+        dtype: Dtype,
+        shape: &[usize],
+        stream: StreamKind,
+    ) -> Result<CudaTensor, String> {
+        let n: usize = shape.iter().product();
+        let bytes = (n * elem(dtype)?.bytes()) as u64;
+        let block = self.pool.alloc(bytes, stream).map_err(|e| e.to_string())?;
+        Ok(CudaTensor {
+            block,
+            dtype,
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            offset: 0,
+        })
+    }
+
+    fn empty(&mut self, dtype: Dtype, shape: &[usize]) -> Result<CudaTensor, String> {
+        self.empty_on(dtype, shape, StreamKind::Compute)
+    }
+
+    /// Returns a temporary (or any tensor the executor does not own) to the pool.
+    pub fn release(&mut self, t: &CudaTensor) {
+        // Errors here can only be a block the pool does not know, which the core never frees.
+        let _ = self
+            .pool
+            .free(t.block, &[StreamKind::Compute, StreamKind::Comm]);
+    }
+
+    /// `op` of `ins` into a new contiguous tensor of `dtype` and the broadcast shape.
+    fn ew(
+        &mut self,
+        op: &str,
+        ins: &[&CudaTensor],
+        dtype: Dtype,
+        s: f64,
+    ) -> Result<CudaTensor, String> {
+        let shape = broadcast_shape(ins.iter().map(|t| t.shape.as_slice()))?;
+        let out = self.empty(dtype, &shape)?;
+        let views = ins
+            .iter()
+            .map(|t| t.view())
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&View> = views.iter().collect();
+        self.k
+            .elementwise(op, &refs, &out.view()?, s, 0.0)
+            .map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+
+    /// `t` as a contiguous tensor: itself, or a copy the caller releases (`true`).
+    fn contiguous(&mut self, t: &CudaTensor) -> Result<(CudaTensor, bool), String> {
+        if t.is_contiguous() {
+            return Ok((t.clone(), false));
+        }
+        Ok((self.ew("copy", &[t], t.dtype, 0.0)?, true))
+    }
+
+    /// `t` flattened into a new contiguous buffer of `len` elements of `dtype`, zero past
+    /// `t`'s elements (a collective's padded operand).
+    pub fn copy_padded(
+        &mut self,
+        t: &CudaTensor,
+        dtype: Dtype,
+        len: usize,
+    ) -> Result<CudaTensor, String> {
+        let n = t.numel();
+        if n > len {
+            return Err(format!("{n} elements do not fit a buffer of {len}"));
+        }
+        let cast = if t.dtype == dtype && t.is_contiguous() {
+            t.clone()
+        } else {
+            self.ew("copy", &[t], dtype, 0.0)?
+        };
+        let out = self.empty(dtype, &[len])?;
+        let e = elem(dtype)?;
+        let res = self
+            .dev
+            .zero(StreamKind::Compute, out.block.ptr, len * e.bytes())
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                self.k
+                    .cat(out.block.ptr, cast.block.ptr, e, 1, n, 1, len, 0)
+                    .map_err(|e| e.to_string())
+            });
+        if cast.block != t.block {
+            self.release(&cast);
+        }
+        res?;
+        Ok(out)
+    }
+
+    /// A 0-d tensor holding `x` (uploaded; used for scalar operands without a `*_scalar` row).
+    fn scalar(&mut self, x: f64, dtype: Dtype) -> Result<CudaTensor, String> {
+        let t = self.empty(dtype, &[])?;
+        let bytes = encode(t.elem()?, &[x]);
+        self.dev
+            .upload(StreamKind::Compute, t.block.ptr, &bytes)
+            .map_err(|e| e.to_string())?;
+        Ok(t)
+    }
+}
+
+/// numpy broadcasting of the shapes.
+fn broadcast_shape<'a>(shapes: impl Iterator<Item = &'a [usize]>) -> Result<Vec<usize>, String> {
+    let mut out: Vec<usize> = vec![];
+    for s in shapes {
+        if s.len() > out.len() {
+            let mut grown = vec![1; s.len() - out.len()];
+            grown.extend(&out);
+            out = grown;
+        }
+        let lead = out.len() - s.len();
+        for (d, &n) in s.iter().enumerate() {
+            let o = &mut out[lead + d];
+            if *o == 1 {
+                *o = n;
+            } else if n != 1 && n != *o {
+                return Err(format!("shapes do not broadcast: {s:?} against {out:?}"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Storage bytes of `v` in `e` (floats rounded to nearest even).
+fn encode(e: Elem, v: &[f64]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(v.len() * e.bytes());
+    for &x in v {
+        match e {
+            Elem::F32 => b.extend_from_slice(&(x as f32).to_le_bytes()),
+            Elem::BF16 => b.extend_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
+            Elem::F16 => b.extend_from_slice(&half::f16::from_f64(x).to_le_bytes()),
+            Elem::I64 => b.extend_from_slice(&(x as i64).to_le_bytes()),
+            Elem::I32 => b.extend_from_slice(&(x as i32).to_le_bytes()),
+            Elem::Bool => b.push(u8::from(x != 0.0)),
+        }
+    }
+    b
+}
+
+fn decode(e: Elem, b: &[u8]) -> Vec<f64> {
+    b.chunks_exact(e.bytes())
+        .map(|c| match e {
+            Elem::F32 => f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            Elem::BF16 => half::bf16::from_le_bytes([c[0], c[1]]).to_f64(),
+            Elem::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f64(),
+            Elem::I64 => {
+                i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64
+            }
+            Elem::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            Elem::Bool => f64::from(c[0]),
+        })
+        .collect()
+}
+
+/// A host tensor of `dtype` from f64 values (the host's storage kind for the dtype).
+fn host_tensor(dtype: Dtype, shape: &[usize], v: Vec<f64>) -> Result<host::Tensor, String> {
+    let sh = ndarray::IxDyn(shape);
+    let bad = |e: ndarray::ShapeError| e.to_string();
+    let data = match host::kind(dtype)? {
+        host::Kind::F32 => Data::F32(
+            ndarray::ArrayD::from_shape_vec(sh, v.into_iter().map(|x| x as f32).collect())
+                .map_err(bad)?
+                .into_shared(),
+        ),
+        host::Kind::F64 => Data::F64(
+            ndarray::ArrayD::from_shape_vec(sh, v)
+                .map_err(bad)?
+                .into_shared(),
+        ),
+        host::Kind::I64 => Data::I64(
+            ndarray::ArrayD::from_shape_vec(sh, v.into_iter().map(|x| x as i64).collect())
+                .map_err(bad)?
+                .into_shared(),
+        ),
+        host::Kind::Bool => Data::Bool(
+            ndarray::ArrayD::from_shape_vec(sh, v.into_iter().map(|x| x != 0.0).collect())
+                .map_err(bad)?
+                .into_shared(),
+        ),
+    };
+    Ok(host::Tensor { dtype, data })
+}
+
+impl Backend for Cuda {
+    type Tensor = CudaTensor;
+    type Kernel = Kernel;
+    const NAME: &'static str = "cuda";
+
+    fn resolve(target: &str) -> Option<Kernel> {
+        resolve(target)
+    }
+
+    fn compute(
+        &mut self,
+        k: &Kernel,
+        env: &Env<'_, CudaTensor>,
+    ) -> Result<Value<CudaTensor>, BackendError> {
+        k(self, env).map_err(BackendError::Kernel)
+    }
+
+    fn numel(&self, t: &CudaTensor) -> u64 {
+        t.numel() as u64
+    }
+
+    fn dtype(&self, t: &CudaTensor) -> Dtype {
+        t.dtype
+    }
+
+    fn input(
+        &mut self,
+        meta: &TensorMeta,
+        make: &mut dyn FnMut() -> Result<host::Tensor, String>,
+    ) -> Result<CudaTensor, NodeError> {
+        let t = make().map_err(NodeError::Input)?;
+        let shape: Vec<usize> = meta.shape.iter().map(|d| d.hint() as usize).collect();
+        if t.shape() != shape.as_slice() {
+            return Err(NodeError::Input(format!(
+                "input has shape {:?}, metadata {shape:?}",
+                t.shape()
+            )));
+        }
+        let e = elem(meta.dtype).map_err(NodeError::Input)?;
+        let out = self.empty(meta.dtype, &shape).map_err(NodeError::Input)?;
+        let bytes = encode(e, &t.to_f64_vec());
+        self.dev
+            .upload(StreamKind::Compute, out.block.ptr, &bytes)
+            .map_err(|e| NodeError::Input(e.to_string()))?;
+        Ok(out)
+    }
+
+    fn download(&mut self, t: &CudaTensor) -> Result<Option<host::Tensor>, BackendError> {
+        let (c, temp) = self.contiguous(t).map_err(kernel_err)?;
+        let e = c.elem().map_err(kernel_err)?;
+        let mut bytes = vec![0u8; c.numel() * e.bytes()];
+        let at = c.block.ptr + (c.offset as u64) * e.bytes() as u64;
+        let r = self
+            .dev
+            .download(StreamKind::Compute, at, &mut bytes)
+            .map_err(kernel_err);
+        if temp {
+            self.release(&c);
+        }
+        r?;
+        Ok(Some(
+            host_tensor(t.dtype, &t.shape, decode(e, &bytes)).map_err(kernel_err)?,
+        ))
+    }
+
+    fn shard(
+        &mut self,
+        full: &CudaTensor,
+        world: u32,
+        rank: u32,
+    ) -> Result<CudaTensor, BackendError> {
+        let world = world.max(1) as usize;
+        let n = full.numel();
+        let per = n.div_ceil(world);
+        let lo = (rank as usize * per).min(n);
+        let hi = (lo + per).min(n);
+        let (c, temp) = self.contiguous(full).map_err(kernel_err)?;
+        let out = self.empty(full.dtype, &[per]).map_err(kernel_err)?;
+        let e = c.elem().map_err(kernel_err)?;
+        self.dev
+            .zero(StreamKind::Compute, out.block.ptr, per * e.bytes())
+            .map_err(kernel_err)?;
+        if hi > lo {
+            let src = c.restride(vec![hi - lo], vec![1], c.offset + lo as i64);
+            let dst = out.restride(vec![hi - lo], vec![1], 0);
+            self.k
+                .cat(
+                    dst.block.ptr,
+                    src.block.ptr + (src.offset as u64) * e.bytes() as u64,
+                    e,
+                    1,
+                    hi - lo,
+                    1,
+                    per,
+                    0,
+                )
+                .map_err(kernel_err)?;
+        }
+        if temp {
+            self.release(&c);
+        }
+        Ok(out)
+    }
+
+    fn unflatten(
+        &mut self,
+        flat: &CudaTensor,
+        shape: &[usize],
+    ) -> Result<CudaTensor, BackendError> {
+        let n: usize = shape.iter().product();
+        if n > flat.numel() || !flat.is_contiguous() {
+            return Err(kernel_err(format!(
+                "a buffer of {} elements cannot hold {shape:?}",
+                flat.numel()
+            )));
+        }
+        Ok(flat.restride(shape.to_vec(), contiguous_strides(shape), 0))
+    }
+
+    fn free(&mut self, t: CudaTensor) {
+        self.release(&t);
+    }
+}
+
+// Argument readers.
+
+fn int(a: &Arg<NodeId>) -> Result<i64, String> {
+    match a {
+        Arg::Bool(b) => Ok(i64::from(*b)),
+        _ => a
+            .as_int()
+            .ok_or_else(|| format!("expected an integer, found {a:?}")),
+    }
+}
+
+fn ints(a: &Arg<NodeId>) -> Result<Vec<i64>, String> {
+    match a {
+        Arg::List(items) => items.iter().map(int).collect(),
+        _ => Ok(vec![int(a)?]),
+    }
+}
+
+fn number(a: &Arg<NodeId>) -> Option<f64> {
+    match a {
+        Arg::Int(i) => Some(*i as f64),
+        Arg::Float(x) => Some(*x),
+        Arg::Bool(b) => Some(f64::from(u8::from(*b))),
+        Arg::Sym(s) => Some(s.hint as f64),
+        _ => None,
+    }
+}
+
+fn norm_dim(d: i64, rank: usize) -> Result<usize, String> {
+    let r = rank.max(1) as i64;
+    let x = if d < 0 { d + r } else { d };
+    if (0..r).contains(&x) {
+        Ok(x as usize)
+    } else {
+        Err(format!("dimension {d} out of range for rank {rank}"))
+    }
+}
+
+fn out_dtype(env: &Env<'_, CudaTensor>, fallback: Dtype) -> Dtype {
+    env.out_meta().map_or(fallback, |m| m.dtype)
+}
+
+fn one(t: CudaTensor) -> Result<Value<CudaTensor>, String> {
+    Ok(Value::Tensor(t))
+}
+
+/// The kernel of an aten target, if the backend has one.
+pub fn resolve(target: &str) -> Option<Kernel> {
+    Some(match target {
+        "aten.add.Tensor" => |c, e| binary(c, e, "add", true),
+        "aten.sub.Tensor" => |c, e| binary(c, e, "sub", true),
+        "aten.mul.Tensor" | "aten.mul.Scalar" => |c, e| binary(c, e, "mul", false),
+        "aten.div.Tensor" | "aten.div.Scalar" => |c, e| binary(c, e, "div", false),
+        "aten.eq.Tensor" | "aten.eq.Scalar" => |c, e| binary(c, e, "eq", false),
+        "aten.ne.Tensor" | "aten.ne.Scalar" => |c, e| binary(c, e, "ne", false),
+        "aten.le.Tensor" | "aten.le.Scalar" => |c, e| binary(c, e, "le", false),
+        "aten.lt.Tensor" | "aten.lt.Scalar" => |c, e| binary(c, e, "lt", false),
+        "aten.ge.Tensor" | "aten.ge.Scalar" => |c, e| binary(c, e, "ge", false),
+        "aten.gt.Tensor" | "aten.gt.Scalar" => |c, e| binary(c, e, "gt", false),
+        "aten.bitwise_and.Tensor" => |c, e| binary(c, e, "bitwise_and", false),
+        "aten.bitwise_or.Tensor" => |c, e| binary(c, e, "bitwise_or", false),
+        "aten.where.self" => where_,
+        "aten.neg.default" => |c, e| unary(c, e, "neg"),
+        "aten.exp.default" => |c, e| unary(c, e, "exp"),
+        "aten.cos.default" => |c, e| unary(c, e, "cos"),
+        "aten.sin.default" => |c, e| unary(c, e, "sin"),
+        "aten.rsqrt.default" => |c, e| unary(c, e, "rsqrt"),
+        "aten.sqrt.default" => |c, e| unary(c, e, "sqrt"),
+        "aten.sigmoid.default" => |c, e| unary(c, e, "sigmoid"),
+        "aten.tanh.default" => |c, e| unary(c, e, "tanh"),
+        "aten.reciprocal.default" => |c, e| unary(c, e, "reciprocal"),
+        "aten.log.default" => |c, e| unary(c, e, "log"),
+        "aten.pow.Tensor_Scalar" => pow_scalar,
+        "aten._to_copy.default" | "prims.convert_element_type.default" => to_copy,
+        "aten.clone.default" => |c, e| unary(c, e, "copy"),
+        // An alias is a view: the executor frees its storage class once, through either.
+        "aten.alias.default" => |_, e| one(tensor(e, 0)?.clone()),
+        "aten.view.default" | "aten._unsafe_view.default" | "aten.reshape.default" => view,
+        "aten.unsqueeze.default" => unsqueeze,
+        "aten.squeeze.dims" | "aten.squeeze.dim" | "aten.squeeze.default" => squeeze,
+        "aten.permute.default" => permute,
+        "aten.t.default" => |c, e| transpose_dims(c, e, Some((0, 1))),
+        "aten.transpose.int" => |c, e| transpose_dims(c, e, None),
+        "aten.expand.default" => expand,
+        "aten.slice.Tensor" => slice,
+        "aten.cat.default" => cat,
+        "aten.sum.dim_IntList" | "aten.sum.default" => |c, e| reduce(c, e, Reduce::Sum),
+        "aten.mean.dim" => |c, e| reduce(c, e, Reduce::Mean),
+        "aten._softmax.default" => |c, e| softmax(c, e, false),
+        "aten._log_softmax.default" => |c, e| softmax(c, e, true),
+        "aten.mm.default" => |c, e| matmul(c, e, false),
+        "aten.bmm.default" => |c, e| matmul(c, e, true),
+        "aten.embedding.default" => embedding,
+        "aten.gather.default" => gather,
+        "operator.getitem" => getitem,
+        _ => return None,
+    })
+}
+
+fn tensor<'a>(env: &Env<'a, CudaTensor>, i: usize) -> Result<&'a CudaTensor, String> {
+    env.tensor(env.arg(i)?)
+}
+
+fn unary(c: &mut Cuda, env: &Env<'_, CudaTensor>, op: &str) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    one(c.ew(op, &[x], out_dtype(env, x.dtype), 0.0)?)
+}
+
+/// A binary op of two tensors, or of a tensor and a number (`alpha`: add/sub's keyword).
+fn binary(
+    c: &mut Cuda,
+    env: &Env<'_, CudaTensor>,
+    op: &str,
+    alpha: bool,
+) -> Result<Value<CudaTensor>, String> {
+    let a = tensor(env, 0)?;
+    let s = if alpha {
+        env.node()
+            .kwargs
+            .get("alpha")
+            .and_then(number)
+            .unwrap_or(1.0)
+    } else {
+        1.0
+    };
+    let rhs = env.arg(1)?;
+    let dt = out_dtype(env, a.dtype);
+    if rhs.as_node().is_some() {
+        let b = env.tensor(rhs)?;
+        return one(c.ew(op, &[a, b], dt, s)?);
+    }
+    let x = number(rhs).ok_or_else(|| format!("expected a tensor or a number, found {rhs:?}"))?;
+    // The number as a 0-d tensor, broadcast: in the input's dtype, or the result's when an
+    // integer tensor meets a number into a floating-point result (torch's promotion).
+    let float = |d: Dtype| Elem::of(d).is_some_and(Elem::is_float);
+    let sdt = if float(dt) && !float(a.dtype) {
+        dt
+    } else {
+        a.dtype
+    };
+    let st = c.scalar(x, sdt)?;
+    let out = c.ew(op, &[a, &st], dt, s);
+    c.release(&st);
+    one(out?)
+}
+
+fn where_(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
+    let cond = tensor(env, 0)?;
+    let dt = env
+        .out_meta()
+        .map(|m| m.dtype)
+        .ok_or("where without output metadata")?;
+    let mut temps = vec![];
+    let mut operand = |c: &mut Cuda, i: usize| -> Result<CudaTensor, String> {
+        let a = env.arg(i)?;
+        if a.as_node().is_some() {
+            Ok(env.tensor(a)?.clone())
+        } else {
+            let x =
+                number(a).ok_or_else(|| format!("expected a tensor or a number, found {a:?}"))?;
+            let t = c.scalar(x, dt)?;
+            temps.push(t.clone());
+            Ok(t)
+        }
+    };
+    let (x, y) = (operand(c, 1)?, operand(c, 2)?);
+    let out = c.ew("where", &[cond, &x, &y], dt, 0.0);
+    for t in &temps {
+        c.release(t);
+    }
+    one(out?)
+}
+
+fn pow_scalar(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    let p = number(env.arg(1)?).ok_or("pow exponent is not a number")?;
+    one(c.ew("pow_scalar", &[x], out_dtype(env, x.dtype), p)?)
+}
+
+fn to_copy(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    let dt = match env.arg_or_kw(1, "dtype") {
+        Some(Arg::Dtype(d)) => *d,
+        _ => out_dtype(env, x.dtype),
+    };
+    one(c.ew("copy", &[x], dt, 0.0)?)
+}
+
+/// The target shape of a view (one `-1` inferred).
+fn view_shape(numel: usize, spec: &[i64]) -> Result<Vec<usize>, String> {
+    let known: i64 = spec.iter().filter(|&&d| d != -1).product();
+    spec.iter()
+        .map(|&d| match d {
+            -1 if known > 0 => Ok(numel / known as usize),
+            d if d >= 0 => Ok(d as usize),
+            _ => Err(format!("bad view shape {spec:?}")),
+        })
+        .collect()
+}
+
+fn view(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    let shape = view_shape(x.numel(), &ints(env.arg(1)?)?)?;
+    if shape.iter().product::<usize>() != x.numel() {
+        return Err(format!("cannot view {:?} as {shape:?}", x.shape));
+    }
+    if x.is_contiguous() {
+        return one(x.restride(shape.clone(), contiguous_strides(&shape), 0));
+    }
+    // A strided input: a contiguous copy (`reshape`'s semantics; an exported `view` of a
+    // non-contiguous tensor is a reshape torch proved copy-free, the values are the same).
+    let copy = c.ew("copy", &[x], x.dtype, 0.0)?;
+    one(copy.restride(shape.clone(), contiguous_strides(&shape), 0))
+}
+
+fn unsqueeze(_: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    let d = norm_dim(int(env.arg(1)?)?, x.shape.len() + 1)?;
+    let (mut shape, mut strides) = (x.shape.clone(), x.strides.clone());
+    let st = if d < x.shape.len() {
+        strides[d] * shape[d] as i64
+    } else {
+        1
+    };
+    shape.insert(d, 1);
+    strides.insert(d, st);
+    one(x.restride(shape, strides, x.offset))
+}
+
+fn squeeze(_: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    let dims: Vec<usize> = match env.arg_or_kw(1, "dim") {
+        Some(a) => ints(a)?
+            .into_iter()
+            .map(|d| norm_dim(d, x.shape.len()))
+            .collect::<Result<_, _>>()?,
+        None => (0..x.shape.len()).collect(),
+    };
+    let keep: Vec<usize> = (0..x.shape.len())
+        .filter(|d| !(dims.contains(d) && x.shape[*d] == 1))
+        .collect();
+    one(x.restride(
+        keep.iter().map(|&d| x.shape[d]).collect(),
+        keep.iter().map(|&d| x.strides[d]).collect(),
+        x.offset,
+    ))
+}
+
+fn permute(_: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    let dims: Vec<usize> = ints(env.arg(1)?)?
+        .into_iter()
+        .map(|d| norm_dim(d, x.shape.len()))
+        .collect::<Result<_, _>>()?;
+    if dims.len() != x.shape.len() {
+        return Err(format!(
+            "permutation {dims:?} of a {}-d tensor",
+            x.shape.len()
+        ));
+    }
+    one(x.restride(
+        dims.iter().map(|&d| x.shape[d]).collect(),
+        dims.iter().map(|&d| x.strides[d]).collect(),
+        x.offset,
+    ))
+}
+
+fn transpose_dims(
+    _: &mut Cuda,
+    env: &Env<'_, CudaTensor>,
+    fixed: Option<(i64, i64)>,
+) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    if x.shape.len() < 2 && fixed.is_some() {
+        return one(x.clone());
+    }
+    let (a, b) = match fixed {
+        Some(p) => p,
+        None => (int(env.arg(1)?)?, int(env.arg(2)?)?),
+    };
+    let (a, b) = (norm_dim(a, x.shape.len())?, norm_dim(b, x.shape.len())?);
+    let (mut shape, mut strides) = (x.shape.clone(), x.strides.clone());
+    shape.swap(a, b);
+    strides.swap(a, b);
+    one(x.restride(shape, strides, x.offset))
+}
+
+fn expand(_: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    let spec = ints(env.arg(1)?)?;
+    if spec.len() < x.shape.len() {
+        return Err(format!("cannot expand {:?} to {spec:?}", x.shape));
+    }
+    let lead = spec.len() - x.shape.len();
+    let mut shape = vec![];
+    let mut strides = vec![];
+    for (i, &s) in spec.iter().enumerate() {
+        let (n, st) = if i < lead {
+            (1, 0)
+        } else {
+            (x.shape[i - lead], x.strides[i - lead])
+        };
+        let target = if s == -1 { n } else { s as usize };
+        match (n, target) {
+            (n, t) if n == t => {
+                shape.push(n);
+                strides.push(st);
+            }
+            (1, t) => {
+                shape.push(t);
+                strides.push(0);
+            }
+            _ => return Err(format!("cannot expand {:?} to {spec:?}", x.shape)),
+        }
+    }
+    one(x.restride(shape, strides, x.offset))
+}
+
+fn slice(_: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    let d = norm_dim(
+        env.arg_or_kw(1, "dim").map(int).transpose()?.unwrap_or(0),
+        x.shape.len(),
+    )?;
+    let n = x.shape[d] as i64;
+    let bound = |a: Option<&Arg<NodeId>>, default: i64| -> Result<i64, String> {
+        let v = match a {
+            None | Some(Arg::None) => default,
+            Some(a) => int(a)?,
+        };
+        Ok((if v < 0 { v + n } else { v }).clamp(0, n))
+    };
+    let start = bound(env.arg_or_kw(2, "start"), 0)?;
+    let end = bound(env.arg_or_kw(3, "end"), n)?.max(start);
+    let step = env.arg_or_kw(4, "step").map(int).transpose()?.unwrap_or(1);
+    if step < 1 {
+        return Err(format!("slice step {step}"));
+    }
+    let (mut shape, mut strides) = (x.shape.clone(), x.strides.clone());
+    shape[d] = ((end - start) as usize).div_ceil(step as usize);
+    let offset = x.offset + start * strides[d];
+    strides[d] *= step;
+    one(x.restride(shape, strides, offset))
+}
+
+fn cat(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
+    let Arg::List(items) = env.arg(0)? else {
+        return Err("cat of something that is not a list".into());
+    };
+    let ts: Vec<&CudaTensor> = items
+        .iter()
+        .map(|a| env.tensor(a))
+        .collect::<Result<_, _>>()?;
+    // torch skips 1-d empty tensors in a cat.
+    let ts: Vec<&CudaTensor> = ts
+        .into_iter()
+        .filter(|t| !(t.shape.len() == 1 && t.shape[0] == 0))
+        .collect();
+    let first = ts.first().ok_or("cat of no tensors")?;
+    let d = norm_dim(
+        env.arg_or_kw(1, "dim").map(int).transpose()?.unwrap_or(0),
+        first.shape.len(),
+    )?;
+    let total: usize = ts.iter().map(|t| t.shape[d]).sum();
+    let mut shape = first.shape.clone();
+    shape[d] = total;
+    let dt = out_dtype(env, first.dtype);
+    let out = c.empty(dt, &shape)?;
+    let e = elem(dt)?;
+    let outer: usize = shape[..d].iter().product();
+    let inner: usize = shape[d + 1..].iter().product();
+    let mut at = 0;
+    for t in ts {
+        let src = if t.is_contiguous() && t.dtype == dt {
+            t.clone()
+        } else {
+            c.ew("copy", &[t], dt, 0.0)?
+        };
+        c.k.cat(
+            out.block.ptr,
+            src.block.ptr,
+            e,
+            outer,
+            t.shape[d],
+            inner,
+            total,
+            at,
+        )
+        .map_err(|e| e.to_string())?;
+        if src.block != t.block {
+            c.release(&src);
+        }
+        at += t.shape[d];
+    }
+    one(out)
+}
+
+/// Moves `dims` of `x` to the end, as a contiguous copy when that is not already its layout:
+/// returns the tensor (released by the caller when `true`), the kept sizes and the reduced size.
+fn gather_dims_last(
+    c: &mut Cuda,
+    x: &CudaTensor,
+    dims: &[usize],
+) -> Result<(CudaTensor, bool, Vec<usize>, usize), String> {
+    let keep: Vec<usize> = (0..x.shape.len()).filter(|d| !dims.contains(d)).collect();
+    let order: Vec<usize> = keep.iter().chain(dims).copied().collect();
+    let moved = x.restride(
+        order.iter().map(|&d| x.shape[d]).collect(),
+        order.iter().map(|&d| x.strides[d]).collect(),
+        x.offset,
+    );
+    let (t, temp) = c.contiguous(&moved)?;
+    let r = dims.iter().map(|&d| x.shape[d]).product();
+    Ok((t, temp, keep.iter().map(|&d| x.shape[d]).collect(), r))
+}
+
+fn reduce(
+    c: &mut Cuda,
+    env: &Env<'_, CudaTensor>,
+    op: Reduce,
+) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    let rank = x.shape.len();
+    let dims: Vec<usize> = match env.arg_or_kw(1, "dim") {
+        Some(Arg::None) | None => (0..rank).collect(),
+        Some(Arg::List(l)) if l.is_empty() => (0..rank).collect(),
+        Some(a) => ints(a)?
+            .into_iter()
+            .map(|d| norm_dim(d, rank))
+            .collect::<Result<_, _>>()?,
+    };
+    let keepdim = matches!(env.arg_or_kw(2, "keepdim"), Some(Arg::Bool(true)));
+    let dt = out_dtype(env, x.dtype);
+    let (t, temp, kept, r) = gather_dims_last(c, x, &dims)?;
+    let outer: usize = kept.iter().product();
+    let shape: Vec<usize> = if keepdim {
+        (0..rank)
+            .map(|d| if dims.contains(&d) { 1 } else { x.shape[d] })
+            .collect()
+    } else {
+        kept
+    };
+    let out = c.empty(dt, &shape)?;
+    let res =
+        c.k.reduce(
+            op,
+            t.block.ptr,
+            t.elem()?,
+            out.block.ptr,
+            elem(dt)?,
+            outer,
+            r,
+            1,
+        )
+        .map_err(|e| e.to_string());
+    if temp {
+        c.release(&t);
+    }
+    res?;
+    one(out)
+}
+
+fn softmax(
+    c: &mut Cuda,
+    env: &Env<'_, CudaTensor>,
+    log: bool,
+) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    let rank = x.shape.len();
+    let d = norm_dim(int(env.arg(1)?)?, rank)?;
+    let dt = out_dtype(env, x.dtype);
+    let src = if dt == x.dtype {
+        x.clone()
+    } else {
+        c.ew("copy", &[x], dt, 0.0)?
+    };
+    let (t, temp, kept, cols) = gather_dims_last(c, &src, &[d])?;
+    let rows: usize = kept.iter().product();
+    let out = c.empty(dt, &t.shape)?;
+    let res =
+        c.k.softmax(t.block.ptr, out.block.ptr, elem(dt)?, rows, cols, log)
+            .map_err(|e| e.to_string());
+    if temp {
+        c.release(&t);
+    }
+    if src.block != x.block {
+        c.release(&src);
+    }
+    res?;
+    if d + 1 == rank.max(1) {
+        return one(out);
+    }
+    // Back to the input's dimension order: the moved axis returns to `d`.
+    let mut order: Vec<usize> = (0..rank - 1).collect();
+    order.insert(d, rank - 1);
+    let back = out.restride(
+        order.iter().map(|&i| out.shape[i]).collect(),
+        order.iter().map(|&i| out.strides[i]).collect(),
+        0,
+    );
+    let result = c.ew("copy", &[&back], dt, 0.0);
+    c.release(&out);
+    one(result?)
+}
+
+fn matmul(
+    c: &mut Cuda,
+    env: &Env<'_, CudaTensor>,
+    batched: bool,
+) -> Result<Value<CudaTensor>, String> {
+    let (a, b) = (tensor(env, 0)?, tensor(env, 1)?);
+    let want = if batched { 3 } else { 2 };
+    if a.shape.len() != want || b.shape.len() != want {
+        return Err(format!(
+            "{}-d product of {:?} and {:?}",
+            want, a.shape, b.shape
+        ));
+    }
+    let dt = out_dtype(env, a.dtype);
+    // A 2-d operand stored transposed (strides [1, rows]) is read transposed in place; any
+    // other layout is copied contiguous first.
+    let operand = |c: &mut Cuda, t: &CudaTensor| -> Result<(CudaTensor, bool, bool), String> {
+        let n = t.shape.len();
+        let (r, k) = (t.shape[n - 2], t.shape[n - 1]);
+        if t.dtype == dt && t.offset == 0 && (n == 2 || t.strides[0] == (r * k) as i64) {
+            if t.strides[n - 1] == 1 && t.strides[n - 2] == k as i64 {
+                return Ok((t.clone(), false, false));
+            }
+            if t.strides[n - 2] == 1 && t.strides[n - 1] == r as i64 {
+                return Ok((t.clone(), true, false));
+            }
+        }
+        Ok((c.ew("copy", &[t], dt, 0.0)?, false, true))
+    };
+    let (ta, trans_a, temp_a) = operand(c, a)?;
+    let (tb, trans_b, temp_b) = operand(c, b)?;
+    let n = a.shape.len();
+    let (m, k, nn) = (a.shape[n - 2], a.shape[n - 1], b.shape[n - 1]);
+    if b.shape[n - 2] != k || (batched && a.shape[0] != b.shape[0]) {
+        return Err(format!("product of {:?} and {:?}", a.shape, b.shape));
+    }
+    let batch = if batched { a.shape[0] } else { 1 };
+    let mut shape = vec![m, nn];
+    if batched {
+        shape.insert(0, batch);
+    }
+    let out = c.empty(dt, &shape)?;
+    let g = Gemm {
+        m,
+        n: nn,
+        k,
+        batch,
+        trans_a,
+        trans_b,
+        stride_a: m * k,
+        stride_b: k * nn,
+        elem: elem(dt)?,
+    };
+    let res = c
+        .blas
+        .gemm(&g, ta.block.ptr, tb.block.ptr, out.block.ptr)
+        .map_err(|e| e.to_string());
+    if temp_a {
+        c.release(&ta);
+    }
+    if temp_b {
+        c.release(&tb);
+    }
+    res?;
+    one(out)
+}
+
+/// Reads the out-of-range flag of an indexing kernel (a host synchronisation: indices come
+/// from data, and a bad one must fail the node, not later ones).
+fn checked_flag(c: &mut Cuda, bad: &CudaTensor, what: &str) -> Result<(), String> {
+    let mut flag = [0u8; 4];
+    let r = c
+        .dev
+        .download(StreamKind::Compute, bad.block.ptr, &mut flag)
+        .map_err(|e| e.to_string());
+    c.release(bad);
+    r?;
+    if flag != [0; 4] {
+        return Err(format!("{what}: an index is out of range"));
+    }
+    Ok(())
+}
+
+fn flag(c: &mut Cuda) -> Result<CudaTensor, String> {
+    let bad = c.empty(Dtype::Int32, &[1])?;
+    c.dev
+        .zero(StreamKind::Compute, bad.block.ptr, 4)
+        .map_err(|e| e.to_string())?;
+    Ok(bad)
+}
+
+fn embedding(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
+    let (w, idx) = (tensor(env, 0)?, tensor(env, 1)?);
+    if w.shape.len() != 2 {
+        return Err(format!("embedding table of shape {:?}", w.shape));
+    }
+    let (wc, tw) = c.contiguous(w)?;
+    let (ic, ti) = c.contiguous(idx)?;
+    let mut shape = idx.shape.clone();
+    shape.push(w.shape[1]);
+    let out = c.empty(w.dtype, &shape)?;
+    let bad = flag(c)?;
+    let res =
+        c.k.index_select(
+            out.block.ptr,
+            wc.block.ptr,
+            ic.block.ptr,
+            wc.elem()?,
+            ic.elem()?,
+            [1, w.shape[0], idx.numel(), w.shape[1]],
+            bad.block.ptr,
+        )
+        .map_err(|e| e.to_string());
+    for (t, temp) in [(&wc, tw), (&ic, ti)] {
+        if temp {
+            c.release(t);
+        }
+    }
+    res?;
+    checked_flag(c, &bad, "embedding")?;
+    one(out)
+}
+
+fn gather(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    let d = norm_dim(int(env.arg(1)?)?, x.shape.len())?;
+    let idx = tensor(env, 2)?;
+    if idx.shape.len() != x.shape.len()
+        || (0..x.shape.len()).any(|i| i != d && idx.shape[i] != x.shape[i])
+    {
+        return Err(format!(
+            "gather of {:?} with indices {:?} (only the gathered dimension may differ)",
+            x.shape, idx.shape
+        ));
+    }
+    let (xc, tx) = c.contiguous(x)?;
+    let (ic, ti) = c.contiguous(idx)?;
+    let out = c.empty(x.dtype, &idx.shape)?;
+    let bad = flag(c)?;
+    let outer: usize = x.shape[..d].iter().product();
+    let inner: usize = x.shape[d + 1..].iter().product();
+    let res =
+        c.k.gather(
+            out.block.ptr,
+            xc.block.ptr,
+            ic.block.ptr,
+            xc.elem()?,
+            ic.elem()?,
+            [outer, x.shape[d], idx.shape[d], inner],
+            bad.block.ptr,
+        )
+        .map_err(|e| e.to_string());
+    for (t, temp) in [(&xc, tx), (&ic, ti)] {
+        if temp {
+            c.release(t);
+        }
+    }
+    res?;
+    checked_flag(c, &bad, "gather")?;
+    one(out)
+}
+
+fn getitem(_: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
+    let src = *env.arg(0)?.as_node().ok_or("getitem of a literal")?;
+    let k = usize::try_from(int(env.arg(1)?)?).map_err(|_| "negative index")?;
+    match env.value(src)? {
+        Value::List(items) => Ok(items
+            .get(k)
+            .cloned()
+            .flatten()
+            .map_or(Value::None, Value::Tensor)),
+        _ => Err("getitem of a value that is not a list".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_broadcast_numpy_style() {
+        let s = [&[4usize, 1, 3][..], &[5, 1][..], &[]];
+        assert_eq!(broadcast_shape(s.into_iter()).unwrap(), vec![4, 5, 3]);
+        let e = broadcast_shape([&[2usize][..], &[3][..]].into_iter()).unwrap_err();
+        assert!(e.contains("do not broadcast"), "{e}");
+    }
+
+    #[test]
+    fn storage_bytes_round_trip_per_dtype() {
+        for (e, v) in [
+            (Elem::F32, 1.5),
+            (Elem::BF16, -2.0),
+            (Elem::F16, 0.25),
+            (Elem::I64, -7.0),
+            (Elem::I32, 9.0),
+            (Elem::Bool, 1.0),
+        ] {
+            assert_eq!(decode(e, &encode(e, &[v])), vec![v], "{e:?}");
+        }
+        assert_eq!(
+            decode(Elem::BF16, &encode(Elem::BF16, &[1.0 + 1.0 / 256.0])),
+            vec![1.0],
+            "bf16 rounds to nearest even"
+        );
+    }
+
+    #[test]
+    fn view_shapes_infer_one_dimension() {
+        assert_eq!(view_shape(24, &[2, -1, 3]).unwrap(), vec![2, 4, 3]);
+        assert!(view_shape(24, &[-2, 12]).is_err());
+    }
+
+    #[test]
+    fn the_backend_resolves_its_ops_and_refuses_others() {
+        assert!(resolve("aten.mm.default").is_some());
+        assert!(
+            resolve("aten.native_layer_norm.default").is_none(),
+            "not implemented on the GPU yet"
+        );
+    }
+}

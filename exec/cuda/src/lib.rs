@@ -1,0 +1,24 @@
+//! The CUDA backend's device layer: one rank's GPU with a compute and a communication stream
+//! ([`device`]), a stream-ordered memory pool ([`pool`]), NVRTC-generated kernels
+//! ([`kernels`]), cuBLAS matrix products ([`matmul`]), NCCL collectives ([`nccl`]) with a
+//! TCP rendezvous ([`rendezvous`]), replay's calibrated spin kernel ([`replay`]) and the
+//! collective table measurement ([`calibrate`]).
+//!
+//! Every library is loaded at run time (cudarc's `dynamic-loading`): the crate builds where
+//! no CUDA toolkit is installed, and on a machine without one every entry point returns
+//! [`CudaError::MissingLibrary`] (checked by [`libs`] before cudarc could panic).
+
+pub mod backend;
+pub mod calibrate;
+pub mod comm;
+pub mod device;
+pub mod error;
+pub mod kernels;
+pub mod libs;
+pub mod matmul;
+pub mod nccl;
+pub mod pool;
+pub mod rendezvous;
+pub mod replay;
+
+pub use error::{CudaError, Result};

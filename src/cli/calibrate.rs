@@ -1,0 +1,22 @@
+//! `zerosched calibrate`: measures NCCL collectives on this machine's GPUs and writes the
+//! cost model's collective table (`--cost` reads it).
+
+use super::Failure;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Output JSON: the cost model with the measured collective table.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Largest message, bytes (sizes run from 1 KiB in powers of two).
+    #[arg(long, default_value_t = 1 << 30)]
+    max_bytes: u64,
+}
+
+pub fn run(args: Args) -> Result<(), Failure> {
+    if args.max_bytes < 1024 {
+        return Err("--max-bytes must be at least 1024".into());
+    }
+    super::cuda::calibrate(&args.output, args.max_bytes)
+}
