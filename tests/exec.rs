@@ -32,7 +32,12 @@ use zerosched_passes::simulate::{SimOptions, simulate_program};
 const SEED: u64 = 7;
 
 fn fixture(name: &str) -> Program {
-    let path = format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    let json = format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    let path = if std::path::Path::new(&json).exists() {
+        json
+    } else {
+        format!("{json}.gz")
+    };
     zerosched_api::io::read_program(std::path::Path::new(&path)).expect("fixture")
 }
 
@@ -245,6 +250,45 @@ fn graphs_alone_all_schedulers() {
     for name in GRAPHS {
         prove(name, &[2, 4], NAMES);
     }
+}
+
+/// A model family's programs exported with no decomposition table (`none`: the composite ops
+/// AOTAutograd leaves whole) and with core ATen (`core`), on 1, 2 and 4 ranks.
+fn family(name: &str) {
+    for d in ["core", "none"] {
+        prove(&format!("families/{name}_{d}.program"), &[1, 2, 4], NAMES);
+    }
+}
+
+/// Encoder: gelu (erf), layer norm and its backward, nll loss.
+#[test]
+fn bert_family_all_schedulers() {
+    family("bert");
+}
+
+/// Encoder-decoder with tied embeddings: relu, `_safe_softmax`, relative position buckets
+/// (abs, minimum, select_scatter, masked_fill).
+#[test]
+fn t5_family_all_schedulers() {
+    family("t5");
+}
+
+/// Parallel residual with fused QKV.
+#[test]
+fn gpt_neox_family_all_schedulers() {
+    family("gpt_neox");
+}
+
+/// GeLU-tanh with tied embeddings.
+#[test]
+fn gemma_family_all_schedulers() {
+    family("gemma");
+}
+
+/// Vision: the patch embedding's convolution and its backward, `select` of the class token.
+#[test]
+fn vit_family_all_schedulers() {
+    family("vit");
 }
 
 /// The loss is what it should be for random weights: about ln(vocab).

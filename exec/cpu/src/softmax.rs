@@ -1,0 +1,72 @@
+//! What AOTAutograd leaves of softmax without a decomposition table: `_safe_softmax` (a row
+//! of only `-inf` gives zeros, not NaN: attention with every key masked) and the backward ops
+//! `_softmax_backward_data` (`y * (g - sum(g * y))`) and `_log_softmax_backward_data`
+//! (`g - exp(y) * sum(g)`), the sums along the softmax dimension.
+
+use super::{Env, Value, int, norm_dim, one, out_dtype};
+use crate::real::by_real;
+use ndarray::{Axis, Zip};
+use num_traits::{Float, Zero};
+use zerosched_exec::host::{Elem, Tensor};
+
+/// `_safe_softmax(x, dim, dtype=None)`: `_softmax`, then zeros where a row is all `-inf`.
+pub fn safe_softmax(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let x = env.tensor(env.arg(0)?)?;
+    let d = norm_dim(int(env.arg(1)?)?, x.shape().len())?;
+    let Value::Tensor(y) = crate::reduce::softmax(env)? else {
+        return Err("_safe_softmax: softmax gave no tensor".into());
+    };
+    by_real!(y.dtype, "_safe_softmax", T => {
+        let xs = T::get(x);
+        let mut out = T::get(&y).into_owned();
+        Zip::from(xs.lanes(Axis(d)))
+            .and(out.lanes_mut(Axis(d)))
+            .for_each(|xl, mut ol| {
+                if xl.iter().all(|&v| v == T::neg_infinity()) {
+                    ol.fill(T::zero());
+                }
+            });
+        one(T::wrap(out, y.dtype)?)
+    })
+}
+
+fn backward(env: &Env<'_, Tensor>, log: bool) -> Result<Value<Tensor>, String> {
+    let g = env.tensor(env.arg(0)?)?;
+    let y = env.tensor(env.arg(1)?)?;
+    if g.shape() != y.shape() {
+        return Err(format!(
+            "softmax backward: gradient {:?}, output {:?}",
+            g.shape(),
+            y.shape()
+        ));
+    }
+    let d = norm_dim(int(env.arg(2)?)?, g.shape().len())?;
+    let dt = out_dtype(env, g.dtype);
+    by_real!(dt, "softmax backward", T => {
+        let (gs, ys) = (T::get(g), T::get(y));
+        let mut out = gs.to_owned();
+        Zip::from(gs.lanes(Axis(d)))
+            .and(ys.lanes(Axis(d)))
+            .and(out.lanes_mut(Axis(d)))
+            .for_each(|gl, yl, mut ol| {
+                if log {
+                    let s: T = gl.iter().copied().sum();
+                    Zip::from(&mut ol).and(&gl).and(&yl).for_each(|o, &g, &y| *o = g - y.exp() * s);
+                } else {
+                    let s: T = gl.iter().zip(yl.iter()).map(|(&g, &y)| g * y).sum();
+                    Zip::from(&mut ol).and(&gl).and(&yl).for_each(|o, &g, &y| *o = y * (g - s));
+                }
+            });
+        one(T::wrap(out, dt)?)
+    })
+}
+
+/// `_softmax_backward_data(grad, output, dim, input_dtype)`.
+pub fn softmax_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    backward(env, false)
+}
+
+/// `_log_softmax_backward_data(grad, output, dim, input_dtype)`.
+pub fn log_softmax_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    backward(env, true)
+}
