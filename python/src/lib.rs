@@ -10,6 +10,8 @@ use pyo3::types::{PyBytes, PyDict};
 use serde::de::DeserializeOwned;
 use zerosched_api::request::{self, CheckRequest, Error, ScheduleRequest};
 
+mod run;
+
 create_exception!(
     zerosched,
     ZeroschedError,
@@ -96,5 +98,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("OverBudgetError", py.get_type::<OverBudgetError>())?;
     m.add_function(wrap_pyfunction!(schedule, m)?)?;
     m.add_function(wrap_pyfunction!(check, m)?)?;
+    m.add_function(wrap_pyfunction!(run::run, m)?)?;
     Ok(())
 }

@@ -3,7 +3,8 @@
 from zerosched._core import OverBudgetError, ZeroschedError, __version__, check, schedule
 from zerosched import ops  # registers the zerosched ops with torch.library
 from zerosched.compiler import backend
+from zerosched.executor import run
 from zerosched.runtime import ShardedModel, shard
 
 __all__ = ["OverBudgetError", "ShardedModel", "ZeroschedError", "__version__", "backend", "check", "ops",
-           "schedule", "shard"]
+           "run", "schedule", "shard"]

@@ -34,3 +34,17 @@ def schedule(data: bytes, options: ScheduleOptions | None = None) -> tuple[bytes
 
 def check(data: bytes, options: CheckOptions | None = None) -> str:
     """Verifies a document and checks its schedule if it has one; returns the summary JSON."""
+
+class RunOptions(TypedDict, total=False):
+    world_size: int
+    seed: int
+
+def run(
+    data: bytes, inputs: bytes, options: RunOptions | None = None
+) -> list[list[list[tuple[str, list[int], bytes] | None]]]:
+    """Runs a document on the CPU executor (`zerosched.run` wraps it with tensors).
+
+    `inputs` is a safetensors document (empty: every input drawn from the seed). Returns per
+    graph, per rank, each output as (dtype name, shape, little-endian elements: floating
+    dtypes in their own width, integers as int64, bool as one byte), or None.
+    """
