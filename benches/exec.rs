@@ -13,10 +13,11 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::path::Path;
+use zerosched_exec::comm::ThreadComm;
 use zerosched_exec::dry::Dry;
 use zerosched_exec::inputs::Inputs;
-use zerosched_exec::world::run_plans;
-use zerosched_exec::{ExecOptions, Executor, Plan};
+use zerosched_exec::plans;
+use zerosched_exec::world::run_threads;
 use zerosched_passes::pipeline::{self, PipelineOptions};
 use zerosched_passes::schedule::ScheduleOptions;
 
@@ -46,15 +47,16 @@ fn dry_run(c: &mut Criterion) {
             eprintln!("benches/data/llama70b_l80.program.json.gz missing: skipped");
             return;
         };
-        let keep = p.persistent();
-        let plans: Vec<Plan<'_>> = p.graphs.iter().map(|g| Plan::new(g, &keep)).collect();
+        let plans = plans::<Dry>(&p).expect("the dry run runs every op");
         let nodes: usize = p.graphs.iter().map(|g| g.len()).sum();
         let inputs = Inputs::new(0);
         group.throughput(Throughput::Elements(nodes as u64 * u64::from(world)));
         group.bench_function(format!("llama70b_l80_x{world}"), |b| {
             b.iter(|| {
-                let mut exec = Executor::new(Dry, ExecOptions { world_size: world });
-                black_box(run_plans(&mut exec, black_box(&plans), &inputs).expect("runs"))
+                let comms = ThreadComm::world(world);
+                black_box(
+                    run_threads(black_box(&plans), &inputs, comms, |_| Ok(Dry)).expect("runs"),
+                )
             })
         });
     }

@@ -17,10 +17,12 @@
 //!   `dry_run_measures_the_simulated_peaks` for the timed case).
 
 use std::collections::BTreeSet;
+use zerosched_exec::comm::{Communicator, ThreadComm, Ticket};
+use zerosched_exec::dry::{Dry, DryTensor};
 use zerosched_exec::host::Tensor;
 use zerosched_exec::inputs::Inputs;
 use zerosched_exec::world::{run_program, unshard};
-use zerosched_exec::{ExecError, ExecOptions, Executor, ProgramRun};
+use zerosched_exec::{CommError, ExecError, ProgramRun};
 use zerosched_exec_cpu::{Cpu, sum_in_rank_order};
 use zerosched_ir::{Graph, Program};
 use zerosched_passes::checker::{CheckOptions, check_program};
@@ -56,21 +58,16 @@ fn schedule(p: &Program, scheduler: &str, world: u32) -> Program {
     s
 }
 
-fn run(
-    p: &Program,
-    world: u32,
-    streams: Option<Vec<u32>>,
-) -> Result<ProgramRun<Tensor>, ExecError> {
+fn run(p: &Program, world: u32, streams: Option<Vec<u32>>) -> Result<ProgramRun, ExecError> {
     let inputs = Inputs {
         data_streams: streams,
         ..Inputs::new(SEED)
     };
-    let mut exec = Executor::new(Cpu, ExecOptions { world_size: world });
-    run_program(&mut exec, p, &inputs)
+    run_program(p, &inputs, world, |_| Ok(Cpu))
 }
 
 /// One-rank runs of the original, one per rank's data stream.
-fn references(p: &Program, world: u32) -> Vec<ProgramRun<Tensor>> {
+fn references(p: &Program, world: u32) -> Vec<ProgramRun> {
     (0..world)
         .map(|r| run(p, 1, Some(vec![r])).expect("reference run"))
         .collect()
@@ -106,12 +103,7 @@ fn returns_shard(g: &Graph, slot: usize) -> bool {
 
 /// Compares a scheduled run with the references; returns the parameters whose gradients it
 /// compared.
-fn compare(
-    label: &str,
-    refs: &[ProgramRun<Tensor>],
-    sched: &Program,
-    world: u32,
-) -> BTreeSet<String> {
+fn compare(label: &str, refs: &[ProgramRun], sched: &Program, world: u32) -> BTreeSet<String> {
     let got = run(sched, world, None).unwrap_or_else(|e| panic!("{label}: {e}"));
     let sim = simulate(sched, world, instant_comm());
     let checked = check_program(
@@ -417,11 +409,10 @@ fn inputs_are_seeded() {
     let p = fixture("gpt2_fwd_0");
     let a = run(&p, 1, None).expect("run");
     let b = run(&p, 1, None).expect("run");
-    let loss = |r: &ProgramRun<Tensor>| r.graphs[0].outputs[0][0].clone().expect("loss");
+    let loss = |r: &ProgramRun| r.graphs[0].outputs[0][0].clone().expect("loss");
     assert!(loss(&a).bitwise_eq(&loss(&b)));
     let inputs = Inputs::new(SEED + 1);
-    let mut exec = Executor::new(Cpu, ExecOptions { world_size: 1 });
-    let c = run_program(&mut exec, &p, &inputs).expect("run");
+    let c = run_program(&p, &inputs, 1, |_| Ok(Cpu)).expect("run");
     assert!(!loss(&a).bitwise_eq(&loss(&c)));
 }
 
@@ -455,7 +446,6 @@ fn simulate(p: &Program, world: u32, cost: CostModel) -> zerosched_passes::simul
 /// for some standalone backward graphs, whose reductions queue behind their own gathers.
 #[test]
 fn dry_run_measures_the_simulated_peaks() {
-    use zerosched_exec::dry::Dry;
     let mut paths: Vec<String> = PROGRAMS
         .iter()
         .chain(GRAPHS)
@@ -471,8 +461,7 @@ fn dry_run_measures_the_simulated_peaks() {
         for world in [2, 4, 8] {
             for s in NAMES {
                 let sp = schedule(&p, s, world);
-                let mut exec = Executor::new(Dry, ExecOptions { world_size: world });
-                let got = run_program(&mut exec, &sp, &Inputs::new(0)).expect("dry run");
+                let got = run_program(&sp, &Inputs::new(0), world, |_| Ok(Dry)).expect("dry run");
                 let instant = simulate(&sp, world, instant_comm());
                 let timed = simulate(&sp, world, CostModel::default());
                 for ((g, zero), real) in got.graphs.iter().zip(&instant.graphs).zip(&timed.graphs) {
@@ -518,9 +507,8 @@ fn drawn_inputs(p: &Program, seed: u64) -> Vec<(String, Tensor)> {
     out
 }
 
-fn run_with(p: &Program, inputs: &Inputs) -> Result<ProgramRun<Tensor>, ExecError> {
-    let mut exec = Executor::new(Cpu, ExecOptions { world_size: 1 });
-    run_program(&mut exec, p, inputs)
+fn run_with(p: &Program, inputs: &Inputs) -> Result<ProgramRun, ExecError> {
+    run_program(p, inputs, 1, |_| Ok(Cpu))
 }
 
 fn write_npy(dir: &std::path::Path, name: &str, t: &Tensor) {
@@ -580,7 +568,7 @@ fn write_safetensors(path: &std::path::Path, ts: &[(String, Tensor)]) {
     std::fs::write(path, data).expect("write");
 }
 
-fn outputs(r: &ProgramRun<Tensor>) -> Vec<Tensor> {
+fn outputs(r: &ProgramRun) -> Vec<Tensor> {
     r.graphs[0].outputs[0].iter().flatten().cloned().collect()
 }
 
@@ -695,4 +683,125 @@ fn unreadable_input_files_are_named() {
     std::fs::write(&npy, b"\x93NUMPY nonsense").expect("write");
     let err = Inputs::new(0).load(&npy).expect_err("must fail");
     assert!(err.to_string().contains("x.npy"), "{err}");
+}
+
+/// A rank that fails stops the world: rank 1's backend cannot be made, rank 0 (which would wait
+/// for rank 1's shard at its first all-gather) stops instead of hanging, and the error reported
+/// is rank 1's own, not rank 0's abort.
+#[test]
+fn one_rank_failing_stops_every_rank() {
+    use zerosched_exec::BackendError;
+    let p = schedule(&fixture("llama_fwd_0"), "prefetch", 2);
+    let err = run_program(&p, &Inputs::new(SEED), 2, |rank| {
+        if rank == 1 {
+            Err(BackendError::Device("no device for rank 1".into()))
+        } else {
+            Ok(Cpu)
+        }
+    })
+    .expect_err("must fail");
+    assert!(
+        matches!(
+            &err,
+            ExecError::Rank {
+                rank: 1,
+                source: BackendError::Device(_)
+            }
+        ),
+        "{err}"
+    );
+}
+
+/// A communicator that counts the buckets it is asked to group, around a [`ThreadComm`]: the
+/// entry points take any communicator.
+struct Grouping {
+    inner: ThreadComm<DryTensor>,
+    groups: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    open: bool,
+}
+
+impl Communicator<Dry> for Grouping {
+    type Pending = Ticket;
+    fn rank(&self) -> u32 {
+        Communicator::<Dry>::rank(&self.inner)
+    }
+    fn world(&self) -> u32 {
+        Communicator::<Dry>::world(&self.inner)
+    }
+    fn start_all_gather(
+        &mut self,
+        b: &mut Dry,
+        shard: &DryTensor,
+        dtype: Option<zerosched_ir::Dtype>,
+    ) -> Result<Self::Pending, CommError> {
+        self.inner.start_all_gather(b, shard, dtype)
+    }
+    fn start_reduce_scatter(
+        &mut self,
+        b: &mut Dry,
+        grad: &DryTensor,
+    ) -> Result<Self::Pending, CommError> {
+        assert!(!self.open, "a reduction inside a bucket of gathers");
+        self.inner.start_reduce_scatter(b, grad)
+    }
+    fn start_all_reduce(
+        &mut self,
+        b: &mut Dry,
+        grad: &DryTensor,
+    ) -> Result<Self::Pending, CommError> {
+        self.inner.start_all_reduce(b, grad)
+    }
+    fn start_group(&mut self) -> Result<(), CommError> {
+        assert!(!self.open, "buckets do not nest");
+        self.open = true;
+        if self.rank() == 0 {
+            self.groups
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    }
+    fn end_group(&mut self) -> Result<(), CommError> {
+        assert!(self.open, "a bucket closed that was not open");
+        self.open = false;
+        Ok(())
+    }
+    fn wait(&mut self, b: &mut Dry, p: Self::Pending) -> Result<DryTensor, CommError> {
+        assert!(!self.open, "a wait inside a bucket");
+        self.inner.wait(b, p)
+    }
+    fn abort(&mut self) {
+        Communicator::<Dry>::abort(&mut self.inner)
+    }
+}
+
+/// The executor groups a bucket's gathers into one collective where the simulator does: as
+/// many groups as the simulated program has buckets, on every scheduler.
+#[test]
+fn buckets_are_grouped_as_the_simulator_groups_them() {
+    let p = zerosched_api::io::read_program(std::path::Path::new(&format!(
+        "{}/benches/data/llama70b_l8.program.json.gz",
+        env!("CARGO_MANIFEST_DIR")
+    )))
+    .expect("read");
+    let mut total = 0;
+    for s in NAMES {
+        let sp = schedule(&p, s, 4);
+        let plans = zerosched_exec::plans::<Dry>(&sp).expect("plans");
+        let groups = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let comms = ThreadComm::world(4)
+            .into_iter()
+            .map(|inner| Grouping {
+                inner,
+                groups: groups.clone(),
+                open: false,
+            })
+            .collect();
+        zerosched_exec::world::run_threads(&plans, &Inputs::new(0), comms, |_| Ok(Dry))
+            .expect("dry run");
+        let want = simulate(&sp, 4, CostModel::default()).total.buckets;
+        let got = groups.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(got, want, "{s}");
+        total += got;
+    }
+    assert!(total > 0, "no scheduler made a bucket");
 }

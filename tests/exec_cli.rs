@@ -1,6 +1,7 @@
 //! `zerosched run` end to end: outputs with shape, dtype and checksum, measured peaks beside
 //! the simulator's, identical checksums for the original and the scheduled program, and a
-//! non-zero exit naming the node for an op the CPU backend lacks.
+//! non-zero exit naming the node for an op the CPU backend lacks, and a run too large for the
+//! host refused before it starts.
 
 use std::process::Command;
 
@@ -60,6 +61,83 @@ fn run_refuses_ops_it_lacks_naming_the_node() {
     assert!(!ok);
     assert!(
         text.contains("aten.frobnicate.default") && text.contains("(node `rsqrt"),
+        "{text}"
+    );
+}
+
+/// `llama_fwd_0` with its token ids (`primals_1`, int64 `[2, 16]`) claiming `[2, n]`: valid,
+/// and as large as the user says.
+fn with_token_ids(dir: &std::path::Path, n: u64) -> String {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama_fwd_0.json"),
+    )
+    .expect("fixture");
+    let from = r#""shape":[2,16],"storage_offset":0,"stride":[16,1]}},"name":"primals_1""#;
+    let to =
+        format!(r#""shape":[2,{n}],"storage_offset":0,"stride":[{n},1]}}}},"name":"primals_1""#);
+    assert!(text.contains(from));
+    let path = dir.join(format!("token_ids_2x{n}.json"));
+    std::fs::write(&path, text.replacen(from, &to, 1)).expect("write");
+    path.to_str().expect("utf-8").to_owned()
+}
+
+fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
+/// Token ids claiming 2 x 16e9 elements (256 GB of int64): refused before anything runs, the
+/// message naming what the run needs and what is available (the host's, or `--memory-limit`),
+/// exit code 1, not an allocator abort.
+#[test]
+fn a_run_that_cannot_fit_is_refused_before_it_starts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = with_token_ids(dir.path(), 16_000_000_000);
+    let refused = |args: &[&str], available: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_zerosched"))
+            .args(args)
+            .output()
+            .expect("runs");
+        let text = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        // The token ids alone are 256e9 bytes; the rest of the graph adds about a megabyte.
+        let need: u64 = text
+            .split("needs ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!((256_000_000_000..256_010_000_000).contains(&need), "{text}");
+        assert!(text.contains(available), "{text}");
+    };
+    refused(
+        &["run", &path, "--memory-limit", "1GiB"],
+        "more than the 1073741824 bytes available (--memory-limit)",
+    );
+    if mem_available().is_some_and(|m| m < 256_000_000_000) {
+        refused(
+            &["run", &path],
+            "bytes available (MemAvailable in /proc/meminfo)",
+        );
+    }
+}
+
+/// An allocation that fails anyway (here a limit that lets through token ids of 2^60 int64s,
+/// more than any machine can address) is an error naming the node, not an abort.
+#[test]
+fn an_allocation_that_fails_names_the_node() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = with_token_ids(dir.path(), 1 << 59);
+    let out = Command::new(env!("CARGO_BIN_EXE_zerosched"))
+        .args(["run", &path, "--memory-limit", &u64::MAX.to_string()])
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("node `primals_1`")
+            && text.contains("cannot allocate 9223372036854775808 bytes"),
         "{text}"
     );
 }

@@ -216,11 +216,12 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
 
 def _join(work: dist.Work | None, t: torch.Tensor) -> None:
     """Makes the compute stream wait for ``work`` and tells the caching allocator that ``t``,
-    allocated on the side stream, is used on the compute stream."""
+    allocated on the side stream, is used on the compute stream.  The wait is on the work's own
+    completion (NCCL's ``wait`` makes the current stream wait for its end event), never on the
+    whole side stream, which by then holds the gathers prefetched after this one."""
     if work is not None:
         work.wait()
     if t.is_cuda:
-        torch.cuda.current_stream(t.device).wait_stream(_side_stream(t.device))
         t.record_stream(torch.cuda.current_stream(t.device))
 
 
@@ -298,15 +299,39 @@ def reduce_grad(name: str, grad: torch.Tensor) -> torch.Tensor:
         grad.record_stream(_side_stream(grad.device))
     with _comm_stream(grad.device):
         if not e.persistent:
-            flat = torch.zeros(e.padded, dtype=grad.dtype, device=grad.device)
-            flat[: e.numel] = grad.reshape(-1)
             out = torch.empty(e.chunk, dtype=grad.dtype, device=grad.device)
-            work = dist.reduce_scatter_tensor(out, flat, group=e.group, async_op=True)
+            work = dist.reduce_scatter_tensor(out, _padded_flat(e, grad), group=e.group, async_op=True)
         else:
             out = grad.detach().clone()
             work = dist.all_reduce(out, group=e.group, async_op=True)
+    _accumulate_completed()
     RUNTIME.reductions.append((work, e, out))
     return out
+
+
+def _padded_flat(e: ShardedParam, grad: torch.Tensor) -> torch.Tensor:
+    """The gradient flattened to the padded length the reduce-scatter splits; a copy only where
+    there is padding to add."""
+    flat = grad.detach().reshape(-1)
+    if e.padded == e.numel:
+        return flat
+    padded = flat.new_zeros(e.padded)
+    padded[: e.numel] = flat
+    return padded
+
+
+def _accumulate_completed() -> None:
+    """Accumulates the reductions in flight that have completed, oldest first, so that each one's
+    input (the whole gradient) is dropped during the backward rather than held to its end."""
+    done = 0
+    for work, _, _ in RUNTIME.reductions:
+        if work is not None and not work.is_completed():
+            break
+        done += 1
+    finished, RUNTIME.reductions = RUNTIME.reductions[:done], RUNTIME.reductions[done:]
+    for work, e, out in finished:
+        _join(work, out)
+        _accumulate(e, out)
 
 
 def end_backward() -> None:
@@ -319,8 +344,10 @@ def end_backward() -> None:
 
 
 def _accumulate(e: ShardedParam, summed: torch.Tensor) -> None:
-    # Gloo has no averaging reduction: sum, then divide.
-    g = (summed / e.world_size).to(e.shard.dtype).view(e.shard.shape)
+    # Gloo has no averaging reduction: sum, then divide (in place: the sum is ours).
+    if e.world_size > 1:
+        summed.div_(e.world_size)
+    g = summed.to(e.shard.dtype).view(e.shard.shape)
     with torch.no_grad():
         if e.shard.grad is None:
             e.shard.grad = g
@@ -389,10 +416,8 @@ def _post_accumulate(e: ShardedParam):
     def hook(param: torch.Tensor) -> None:
         if param.grad is None:
             return
-        flat = torch.zeros(e.padded, dtype=param.grad.dtype, device=param.grad.device)
-        flat[: e.numel] = param.grad.reshape(-1)
         out = torch.empty(e.chunk, dtype=param.grad.dtype, device=param.grad.device)
-        dist.reduce_scatter_tensor(out, flat, group=e.group)
+        dist.reduce_scatter_tensor(out, _padded_flat(e, param.grad), group=e.group)
         param.grad = None
         _accumulate(e, out)
         if e.name in RUNTIME.fallback:

@@ -36,7 +36,7 @@ enum Command {
     Convert(convert::Args),
     /// Insert the ZeRO-3 ops, schedule them, check, simulate, and print a summary.
     Schedule(schedule::Args),
-    /// Execute a graph or program over simulated ranks (CPU reference backend).
+    /// Execute a graph or program on N ranks, one thread each (CPU reference backend).
     Run(run::Args),
     /// Simulate a graph or program as it stands (two streams: compute, communication).
     Simulate(simulate::Args),

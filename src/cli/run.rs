@@ -1,14 +1,15 @@
-//! `zerosched run`: executes a graph or program over N simulated ranks and prints what it
-//! computed and the memory it measured (beside the simulator's prediction when scheduled).
+//! `zerosched run`: executes a graph or program over N ranks (threads of this process) and
+//! prints what it computed and the memory it measured (beside the simulator's prediction when
+//! scheduled). A run that needs more memory than the host has is refused before it starts.
 
 use super::Failure;
 use std::path::PathBuf;
 use zerosched_api::summary::bytes;
+use zerosched_exec::ProgramRun;
 use zerosched_exec::dry::Dry;
-use zerosched_exec::host::Tensor;
 use zerosched_exec::inputs::Inputs;
+use zerosched_exec::memory::{Limit, ensure_fits};
 use zerosched_exec::world::run_program;
-use zerosched_exec::{Backend, ExecOptions, Executor, ProgramRun};
 use zerosched_exec_cpu::Cpu;
 use zerosched_ir::Program;
 use zerosched_passes::simulate::{SimOptions, simulate_program};
@@ -20,7 +21,8 @@ pub struct Args {
     /// Executor backend.
     #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
     executor: String,
-    /// Ranks (threads of one lock-step world); each holds one shard of every sharded parameter.
+    /// Ranks, each a thread of this process with its own interpreter, exchanging buffers
+    /// through in-process collectives; each holds one shard of every sharded parameter.
     #[arg(long, default_value_t = 1)]
     world_size: u32,
     /// Seed of the random inputs.
@@ -40,6 +42,11 @@ pub struct Args {
     /// Allocation, liveness and collectives only: no arithmetic, no data.
     #[arg(long)]
     dry_run: bool,
+    /// The memory the run may use (bytes, or with a unit: `64GiB`), instead of what the host
+    /// has available (`MemAvailable` in /proc/meminfo). A run whose dry-run peak (summed over
+    /// the ranks, plus the full parameters) exceeds it is refused before it starts.
+    #[arg(long, value_name = "BYTES", value_parser = zerosched_api::request::parse_bytes)]
+    memory_limit: Option<u64>,
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
@@ -66,38 +73,33 @@ pub fn run(args: Args) -> Result<(), Failure> {
     if let Some(p) = &args.inputs {
         inputs.load(p)?;
     }
-    let opts = ExecOptions {
-        world_size: args.world_size,
-    };
+    let world = args.world_size;
     println!(
-        "{label}: {} on {} rank{}{}",
+        "{label}: {} on {world} rank{}{}",
         args.executor,
-        args.world_size,
-        if args.world_size == 1 { "" } else { "s" },
+        if world == 1 { "" } else { "s" },
         if args.dry_run { " (dry run)" } else { "" }
     );
     let started = std::time::Instant::now();
-    if args.dry_run {
-        let mut exec = Executor::new(Dry, opts);
-        let run = run_program(&mut exec, &program, &inputs)?;
-        report(&program, &run, &args, started, |_| None)?;
+    let run = if args.dry_run {
+        run_program(&program, &inputs, world, |_| Ok(Dry))?
     } else {
-        let mut exec = Executor::new(Cpu, opts);
-        let run = run_program(&mut exec, &program, &inputs)?;
-        report(&program, &run, &args, started, |t| exec.backend.download(t))?;
-        if let Some(path) = &args.outputs {
-            write_outputs(path, &run)?;
-        }
+        let limit = args.memory_limit.map_or(Limit::Host, Limit::Bytes);
+        ensure_fits(&program, &inputs, world, &limit)?;
+        run_program(&program, &inputs, world, |_| Ok(Cpu))?
+    };
+    report(&program, &run, &args, started)?;
+    if let Some(path) = args.outputs.as_ref().filter(|_| !args.dry_run) {
+        write_outputs(path, &run)?;
     }
     Ok(())
 }
 
-fn report<T>(
+fn report(
     program: &Program,
-    run: &ProgramRun<T>,
+    run: &ProgramRun,
     args: &Args,
     started: std::time::Instant,
-    host: impl Fn(&T) -> Option<Tensor>,
 ) -> Result<(), Failure> {
     let elapsed = started.elapsed();
     let scheduled = program.graphs.iter().any(|g| {
@@ -115,9 +117,10 @@ fn report<T>(
     });
     for (gi, g) in run.graphs.iter().enumerate() {
         println!("graph {}: {} nodes", g.graph, g.nodes);
+        let returns = program.graphs[gi].output_values();
         if let Some(outs) = g.outputs.first() {
             for (slot, o) in outs.iter().enumerate() {
-                match o.as_ref().and_then(&host) {
+                match o {
                     Some(t) => {
                         let (sum, abs) = t.checksum();
                         println!(
@@ -126,7 +129,11 @@ fn report<T>(
                             t.dtype
                         );
                     }
-                    None if o.is_some() => println!("  output {slot}: (no data)"),
+                    None if args.dry_run
+                        && returns.get(slot).is_some_and(|a| a.as_node().is_some()) =>
+                    {
+                        println!("  output {slot}: (no data)")
+                    }
                     None => println!("  output {slot}: None"),
                 }
             }
@@ -157,7 +164,7 @@ fn report<T>(
     Ok(())
 }
 
-fn write_outputs(path: &std::path::Path, run: &ProgramRun<Tensor>) -> Result<(), Failure> {
+fn write_outputs(path: &std::path::Path, run: &ProgramRun) -> Result<(), Failure> {
     let graphs: Vec<serde_json::Value> = run
         .graphs
         .iter()

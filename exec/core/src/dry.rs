@@ -1,9 +1,10 @@
 //! The dry-run backend: no data, only sizes. Every kernel "returns" a buffer of the size its
 //! node's metadata records, so a run measures allocation, liveness and collectives alone: the
-//! interpreter's own overhead (`zerosched run --dry-run`, `benches/exec.rs`).
+//! interpreter's own overhead (`zerosched run --dry-run`, `benches/exec.rs`), and the peak a
+//! real run is checked against before it starts ([`crate::memory`]).
 
-use super::{Backend, Env, Value};
-use zerosched_ir::{Dtype, Node, TensorMeta, Val};
+use crate::{Backend, BackendError, Env, Local, NodeError, Value};
+use zerosched_ir::{Dtype, TensorMeta, Val};
 
 /// A buffer's size without its data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,16 +27,19 @@ pub struct Dry;
 
 impl Backend for Dry {
     type Tensor = DryTensor;
+    /// Every target "runs": its size comes from the node's metadata.
+    type Kernel = ();
+    const NAME: &'static str = "dry-run";
 
-    fn name(&self) -> &'static str {
-        "dry-run"
+    fn resolve(_: &str) -> Option<()> {
+        Some(())
     }
 
-    fn supports(&self, _: &Node) -> bool {
-        true
-    }
-
-    fn compute(&mut self, env: &Env<'_, DryTensor>) -> Result<Value<DryTensor>, String> {
+    fn compute(
+        &mut self,
+        _: &(),
+        env: &Env<'_, DryTensor>,
+    ) -> Result<Value<DryTensor>, BackendError> {
         Ok(match &env.node().meta.val {
             Some(Val::Tensor(t)) => Value::Tensor(DryTensor::of(t)),
             Some(Val::Tuple(ts)) => {
@@ -45,64 +49,62 @@ impl Backend for Dry {
         })
     }
 
-    fn nbytes(&self, t: &DryTensor) -> u64 {
-        t.numel.saturating_mul(t.dtype.size())
+    fn numel(&self, t: &DryTensor) -> u64 {
+        t.numel
+    }
+
+    fn dtype(&self, t: &DryTensor) -> Dtype {
+        t.dtype
     }
 
     fn input(
         &mut self,
         meta: &TensorMeta,
         _: &mut dyn FnMut() -> Result<crate::host::Tensor, String>,
-    ) -> Result<DryTensor, String> {
+    ) -> Result<DryTensor, NodeError> {
         Ok(DryTensor::of(meta))
     }
 
-    fn download(&self, _: &DryTensor) -> Option<crate::host::Tensor> {
-        None
+    fn download(&mut self, _: &DryTensor) -> Result<Option<crate::host::Tensor>, BackendError> {
+        Ok(None)
     }
 
-    fn shard(&mut self, full: &DryTensor, world: u32, _: u32) -> Result<DryTensor, String> {
+    fn shard(&mut self, full: &DryTensor, world: u32, _: u32) -> Result<DryTensor, BackendError> {
         Ok(DryTensor {
             numel: full.numel.div_ceil(u64::from(world.max(1))),
             dtype: full.dtype,
         })
     }
 
-    fn all_gather(
-        &mut self,
-        shards: &[&DryTensor],
-        dtype: Option<Dtype>,
-    ) -> Result<DryTensor, String> {
-        let first = shards.first().ok_or("no ranks")?;
-        Ok(DryTensor {
-            numel: shards.iter().map(|s| s.numel).sum(),
-            dtype: dtype.unwrap_or(first.dtype),
-        })
-    }
-
-    fn unflatten(&mut self, flat: &DryTensor, shape: &[usize]) -> Result<DryTensor, String> {
+    fn unflatten(&mut self, flat: &DryTensor, shape: &[usize]) -> Result<DryTensor, BackendError> {
         Ok(DryTensor {
             numel: shape.iter().map(|&d| d as u64).product(),
             dtype: flat.dtype,
         })
     }
 
-    fn reduce(
+    fn free(&mut self, _: DryTensor) {}
+}
+
+impl Local for Dry {
+    fn concat(
         &mut self,
-        grads: &[&DryTensor],
-        sharded: bool,
-        world: u32,
-    ) -> Result<Vec<DryTensor>, String> {
-        Ok(grads
-            .iter()
-            .map(|g| DryTensor {
-                numel: if sharded {
-                    g.numel.div_ceil(u64::from(world.max(1)))
-                } else {
-                    g.numel
-                },
-                dtype: g.dtype,
-            })
-            .collect())
+        parts: &[&DryTensor],
+        dtype: Option<Dtype>,
+    ) -> Result<DryTensor, BackendError> {
+        let first = parts
+            .first()
+            .ok_or_else(|| BackendError::Kernel("no ranks".into()))?;
+        Ok(DryTensor {
+            numel: parts.iter().map(|s| s.numel).sum(),
+            dtype: dtype.unwrap_or(first.dtype),
+        })
+    }
+
+    fn sum(&mut self, parts: &[&DryTensor]) -> Result<DryTensor, BackendError> {
+        parts
+            .first()
+            .map(|&&t| t)
+            .ok_or_else(|| BackendError::Kernel("no ranks".into()))
     }
 }

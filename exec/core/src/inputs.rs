@@ -391,17 +391,35 @@ fn random(
     scale: f64,
     bound: i64,
 ) -> Result<Tensor, String> {
-    let n: usize = shape.iter().product();
+    let n = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| format!("{shape:?} has more elements than this machine can address"))?;
     if dtype.is_floating() {
-        let v: Vec<f64> = (0..n).map(|_| (rng.unit() * 2.0 - 1.0) * scale).collect();
+        let mut v: Vec<f64> = reserve(n)?;
+        v.extend((0..n).map(|_| (rng.unit() * 2.0 - 1.0) * scale));
         let a = ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| e.to_string())?;
         <f64 as crate::host::Elem>::wrap(a, dtype)
     } else {
         let hi = bound.max(1);
-        let v: Vec<i64> = (0..n).map(|_| (rng.next() % hi as u64) as i64).collect();
+        let mut v: Vec<i64> = reserve(n)?;
+        v.extend((0..n).map(|_| (rng.next() % hi as u64) as i64));
         let a = ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| e.to_string())?;
         <i64 as crate::host::Elem>::wrap(a, dtype)
     }
+}
+
+/// An empty vector with room for `n` elements, or an error (not an abort) when the memory
+/// cannot be had.
+fn reserve<T>(n: usize) -> Result<Vec<T>, String> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        format!(
+            "cannot allocate {} bytes for its data",
+            (n as u64).saturating_mul(std::mem::size_of::<T>() as u64)
+        )
+    })?;
+    Ok(v)
 }
 
 fn dim_size(g: &Graph, a: Option<&Arg<NodeId>>, dim: i64) -> Option<i64> {

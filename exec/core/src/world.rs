@@ -1,118 +1,226 @@
-//! Running whole programs over the simulated world: graph inputs from [`Inputs`], values that
-//! one graph returns handed to the later graphs' placeholders of the same name (AOTAutograd's
-//! partitioner names the backward's saved inputs after the forward's values), parameters from
-//! one store shared by every graph, and the buffers a forward keeps carried to the backward.
+//! Running whole programs: every rank runs every graph in order through its own interpreter
+//! ([`run_rank`]), graph inputs from [`Inputs`] (parameters drawn once on the host and shared
+//! by every rank), values that one graph returns handed to the later graphs' placeholders of
+//! the same name, and the buffers a forward keeps carried to the backward. In one process the
+//! ranks are threads ([`run_threads`], [`run_program`]); a process per rank calls
+//! [`run_rank`] itself.
 
-use super::inputs::Inputs;
-use super::{Backend, ExecError, Executor, Feed, Plan, ProgramRun};
+use crate::alloc::Counter;
+use crate::comm::{Communicator, ThreadComm};
+use crate::inputs::Inputs;
+use crate::rank::{Rank, RankGraph};
+use crate::{Backend, BackendError, ExecError, Local, Plan, host, plans};
 use std::collections::BTreeMap;
-use zerosched_ir::{Graph, NodeId, Program, TensorMeta, Val};
+use std::sync::{Mutex, PoisonError};
+use zerosched_ir::{Graph, Param, Program};
 
-/// The inputs of a program's graphs.
-pub struct ProgramFeed<'a, B: Backend> {
+/// One graph's run over the world.
+#[derive(Clone, Debug)]
+pub struct GraphRun {
+    pub graph: String,
+    /// Per rank, the returned values in output order (`None` for non-tensors, and for every
+    /// value of a backend without data).
+    pub outputs: Vec<Vec<Option<host::Tensor>>>,
+    /// Per rank, the allocator's figures for this graph.
+    pub memory: Vec<Counter>,
+    pub nodes: usize,
+}
+
+/// A whole program's run.
+#[derive(Clone, Debug)]
+pub struct ProgramRun {
+    pub graphs: Vec<GraphRun>,
+}
+
+impl ProgramRun {
+    /// Per rank, the largest peak over the graphs.
+    pub fn peak_per_rank(&self) -> Vec<u64> {
+        let ranks = self.graphs.first().map_or(0, |g| g.memory.len());
+        (0..ranks)
+            .map(|r| {
+                self.graphs
+                    .iter()
+                    .map(|g| g.memory[r].peak)
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+
+    /// The largest gathered-parameter peak over graphs and ranks.
+    pub fn peak_gathered(&self) -> u64 {
+        self.graphs
+            .iter()
+            .flat_map(|g| g.memory.iter().map(|c| c.peak_gathered))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// The inputs as every rank of a process sees them: parameters are drawn (or read) once, on
+/// the host, and every rank's backend takes them from here.
+pub struct HostInputs<'a> {
     pub inputs: &'a Inputs,
-    /// Values returned by earlier graphs, by the name of the node returned, per rank.
-    carried: BTreeMap<String, Vec<B::Tensor>>,
-    /// Full parameter values by name (identical on every rank).
-    params: BTreeMap<String, B::Tensor>,
-    /// Per graph being run: placeholder index → parameter.
-    param_of: Vec<Option<usize>>,
+    params: Mutex<BTreeMap<String, host::Tensor>>,
 }
 
-impl<'a, B: Backend> ProgramFeed<'a, B> {
-    pub fn new(inputs: &'a Inputs) -> ProgramFeed<'a, B> {
-        ProgramFeed {
+impl<'a> HostInputs<'a> {
+    pub fn new(inputs: &'a Inputs) -> HostInputs<'a> {
+        HostInputs {
             inputs,
-            carried: BTreeMap::new(),
-            params: BTreeMap::new(),
-            param_of: Vec::new(),
+            params: Mutex::new(BTreeMap::new()),
         }
     }
 
-    fn start_graph(&mut self, g: &Graph) {
-        self.param_of = vec![None; g.node_bound()];
-        for (i, p) in g.params.iter().enumerate() {
-            self.param_of[p.node.index()] = Some(i);
+    /// A parameter's full value.
+    pub fn param(&self, g: &Graph, p: &Param) -> Result<host::Tensor, String> {
+        let mut params = self.params.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(t) = params.get(&p.name) {
+            return Ok(t.clone());
         }
+        let t = self.inputs.param(g, p)?;
+        params.insert(p.name.clone(), t.clone());
+        Ok(t)
     }
 }
 
-impl<B: Backend> Feed<B> for ProgramFeed<'_, B> {
-    fn input(&mut self, b: &mut B, g: &Graph, id: NodeId, rank: u32) -> Result<B::Tensor, String> {
-        if let Some(pi) = self.param_of.get(id.index()).copied().flatten() {
-            let p = &g.params[pi];
-            if let Some(t) = self.params.get(&p.name) {
-                return Ok(t.clone());
-            }
-            let meta = TensorMeta::new(p.shape.clone(), p.dtype);
-            let inputs = self.inputs;
-            let t = b.input(&meta, &mut || inputs.param(g, p))?;
-            self.params.insert(p.name.clone(), t.clone());
-            return Ok(t);
-        }
-        let n = g.node(id);
-        if let Some(v) = self.carried.get(n.name.as_str()) {
-            return v
-                .get(rank as usize)
-                .cloned()
-                .ok_or_else(|| format!("no value of `{}` for rank {rank}", n.name));
-        }
-        let Some(Val::Tensor(meta)) = &n.meta.val else {
-            return Err(format!("placeholder `{}` has no tensor metadata", n.name));
-        };
-        let inputs = self.inputs;
-        b.input(meta, &mut || inputs.data(g, id, rank))
-    }
+/// What one rank computed and measured, graph by graph.
+pub struct RankRun {
+    /// Per graph: the outputs in output order, and the allocator's figures.
+    pub graphs: Vec<(Vec<Option<host::Tensor>>, Counter)>,
 }
 
-/// Runs every graph of `p` in order.
-pub fn run_program<B: Backend>(
-    exec: &mut Executor<B>,
-    p: &Program,
-    inputs: &Inputs,
-) -> Result<ProgramRun<B::Tensor>, ExecError> {
-    exec.check_supported(p)?;
-    inputs.check(p)?;
-    let persistent = p.persistent();
-    let plans: Vec<Plan<'_>> = p.graphs.iter().map(|g| Plan::new(g, &persistent)).collect();
-    run_plans(exec, &plans, inputs)
-}
-
-/// Runs prepared plans in order (what a benchmark times).
-pub fn run_plans<B: Backend>(
-    exec: &mut Executor<B>,
-    plans: &[Plan<'_>],
-    inputs: &Inputs,
-) -> Result<ProgramRun<B::Tensor>, ExecError> {
-    let mut feed = ProgramFeed::<B>::new(inputs);
+/// Runs every graph of the plans in order on one rank. On failure the communicator is aborted,
+/// so that the other ranks stop too.
+pub fn run_rank<B: Backend, C: Communicator<B>>(
+    plans: &[Plan<'_, B>],
+    host: &HostInputs<'_>,
+    backend: B,
+    comm: &mut C,
+) -> Result<RankRun, ExecError> {
+    let mut rank = Rank::new(backend, comm, host);
     let mut graphs = Vec::with_capacity(plans.len());
     for plan in plans {
-        let g = plan.g;
-        feed.start_graph(g);
-        let run = exec.run_graph(plan, &mut feed)?;
-        for (slot, a) in g.output_values().iter().enumerate() {
-            let Some(&v) = a.as_node() else { continue };
-            let per_rank: Option<Vec<B::Tensor>> = run
-                .outputs
-                .iter()
-                .map(|o| o.get(slot).cloned().flatten())
-                .collect();
-            if let Some(vals) = per_rank {
-                feed.carried.insert(g.node(v).name.to_string(), vals);
+        match rank.run_graph(plan) {
+            Ok(RankGraph { outputs, counter }) => graphs.push((outputs, counter)),
+            Err(e) => {
+                rank.comm.abort();
+                return Err(e);
             }
         }
-        graphs.push(run);
     }
+    rank.finish();
+    Ok(RankRun { graphs })
+}
+
+/// Runs the plans on one thread per communicator (rank order): `backend(rank)` makes each
+/// rank's backend on its own thread. The error reported is the first rank's own failure, not
+/// another rank's abort.
+pub fn run_threads<B, C, F>(
+    plans: &[Plan<'_, B>],
+    inputs: &Inputs,
+    comms: Vec<C>,
+    backend: F,
+) -> Result<ProgramRun, ExecError>
+where
+    B: Backend,
+    C: Communicator<B> + Send,
+    F: Fn(u32) -> Result<B, BackendError> + Sync,
+{
+    let host = HostInputs::new(inputs);
+    let world = comms.len();
+    // A rank's whole run; a panic aborts the world too, then goes on unwinding once every
+    // rank has stopped.
+    let rank_run = |mut comm: C| {
+        let rank = comm.rank();
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let b = backend(rank).map_err(|source| ExecError::Rank { rank, source })?;
+            run_rank(plans, &host, b, &mut comm)
+        }));
+        if !matches!(run, Ok(Ok(_))) {
+            comm.abort();
+        }
+        run
+    };
+    let finished: Vec<std::thread::Result<Result<RankRun, ExecError>>> = if world == 1 {
+        // One rank runs on the calling thread: nothing to overlap, and its warm allocator.
+        comms.into_iter().map(rank_run).collect()
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .map(|comm| s.spawn(|| rank_run(comm)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().and_then(|r| r))
+                .collect()
+        })
+    };
+    let results: Vec<Result<RankRun, ExecError>> = finished
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+        .collect();
+    let mut runs = Vec::with_capacity(world);
+    let mut first_err: Option<ExecError> = None;
+    for r in results {
+        match r {
+            Ok(run) => runs.push(run),
+            Err(e) => match &first_err {
+                Some(f) if !f.is_abort() || e.is_abort() => {}
+                _ => first_err = Some(e),
+            },
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let graphs = plans
+        .iter()
+        .enumerate()
+        .map(|(gi, plan)| {
+            let g = plan.graph();
+            let (outputs, memory) = runs
+                .iter_mut()
+                .map(|r| std::mem::take(&mut r.graphs[gi]))
+                .unzip();
+            GraphRun {
+                graph: g.label().to_owned(),
+                outputs,
+                memory,
+                nodes: g.len(),
+            }
+        })
+        .collect();
     Ok(ProgramRun { graphs })
+}
+
+/// Runs every graph of `p` in order on `world` ranks, threads of this process joined by a
+/// [`ThreadComm`]. Every op the backend lacks, and every input file that does not fit, is
+/// refused before anything runs.
+pub fn run_program<B, F>(
+    p: &Program,
+    inputs: &Inputs,
+    world: u32,
+    backend: F,
+) -> Result<ProgramRun, ExecError>
+where
+    B: Local,
+    B::Tensor: Send,
+    F: Fn(u32) -> Result<B, BackendError> + Sync,
+{
+    let plans = plans::<B>(p)?;
+    inputs.check(p)?;
+    run_threads(&plans, inputs, ThreadComm::world(world), backend)
 }
 
 /// Reassembles a sharded tensor from every rank's shard: all-gather, then the first
 /// `product(shape)` elements as `shape`.
-pub fn unshard<B: Backend>(
+pub fn unshard<B: Local>(
     b: &mut B,
     shards: &[&B::Tensor],
     shape: &[usize],
-) -> Result<B::Tensor, String> {
-    let flat = b.all_gather(shards, None)?;
+) -> Result<B::Tensor, BackendError> {
+    let flat = b.concat(shards, None)?;
     b.unflatten(&flat, shape)
 }

@@ -1,8 +1,8 @@
 //! The CPU reference backend: every aten op of the fixtures (docs/export.md), in f32 and
 //! f64 (bf16/f16 computed in f32 and rounded once per op: see [`zerosched_exec::host`]), over ndarray
-//! with matrixmultiply's GEMM. One file per op family; [`kernel`] is the dispatch table, and
-//! [`Cpu::supports`] answers from it so that a graph with an op it lacks is refused, naming
-//! op and node, before anything runs.
+//! with matrixmultiply's GEMM. One file per op family; [`kernel`] is the dispatch table (a new op
+//! is one match arm), which plans resolve each node through once ([`Backend::resolve`]), so
+//! that a graph with an op it lacks is refused, naming op and node, before anything runs.
 
 // `deny`, not `forbid`: ndarray's `s!` macro expands to an `allow(unsafe_code)` of its own.
 #![deny(unsafe_code)]
@@ -26,10 +26,11 @@ mod softmax;
 
 use ndarray::{ArrayD, IxDyn};
 use zerosched_exec::host::{self, Data, Tensor, map_data};
-use zerosched_exec::{Backend, Env, Value};
-use zerosched_ir::{Arg, Dtype, Node, NodeId, TensorMeta};
+use zerosched_exec::{Backend, BackendError, Env, Local, NodeError, Value};
+use zerosched_ir::{Arg, Dtype, NodeId, TensorMeta, Val};
 
-type Kernel = fn(&Env<'_, Tensor>) -> Result<Value<Tensor>, String>;
+/// A CPU kernel: the node's value from its arguments' values.
+pub type Kernel = fn(&Env<'_, Tensor>) -> Result<Value<Tensor>, String>;
 
 /// The kernel of an aten target, if the backend has one.
 pub fn kernel(target: &str) -> Option<Kernel> {
@@ -141,52 +142,78 @@ pub fn kernel(target: &str) -> Option<Kernel> {
     })
 }
 
-/// The CPU backend.
+/// The CPU backend: one per rank, holding nothing (its tensors are reference-counted host
+/// arrays, freed when their last handle drops).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Cpu;
 
+fn kernel_err(m: String) -> BackendError {
+    BackendError::Kernel(m)
+}
+
+/// Bytes of the node's recorded outputs.
+fn out_bytes(env: &Env<'_, Tensor>) -> u64 {
+    let bytes = |m: &TensorMeta| m.numel().unwrap_or(0).saturating_mul(m.dtype.size());
+    match &env.node().meta.val {
+        Some(Val::Tensor(t)) => bytes(t),
+        Some(Val::Tuple(ts)) => ts.iter().flatten().map(|t| bytes(t)).sum(),
+        _ => 0,
+    }
+}
+
 impl Backend for Cpu {
     type Tensor = Tensor;
+    type Kernel = Kernel;
+    const NAME: &'static str = "cpu";
 
-    fn name(&self) -> &'static str {
-        "cpu"
+    fn resolve(target: &str) -> Option<Kernel> {
+        kernel(target)
     }
 
-    fn supports(&self, node: &Node) -> bool {
-        kernel(&node.target).is_some()
+    fn compute(
+        &mut self,
+        k: &Kernel,
+        env: &Env<'_, Tensor>,
+    ) -> Result<Value<Tensor>, BackendError> {
+        // The kernels allocate through ndarray, which aborts when memory runs out: reserving
+        // the output's bytes first turns that into an error naming the node.
+        let bytes = out_bytes(env);
+        let probe = usize::try_from(bytes).map_err(|_| BackendError::OutOfMemory { bytes })?;
+        Vec::<u8>::new()
+            .try_reserve_exact(probe)
+            .map_err(|_| BackendError::OutOfMemory { bytes })?;
+        k(env).map_err(kernel_err)
     }
 
-    fn compute(&mut self, env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
-        let n = env.node();
-        let k = kernel(&n.target).ok_or_else(|| format!("no CPU kernel for `{}`", n.target))?;
-        k(env)
+    fn numel(&self, t: &Tensor) -> u64 {
+        t.numel() as u64
     }
 
-    fn nbytes(&self, t: &Tensor) -> u64 {
-        t.nbytes()
+    fn dtype(&self, t: &Tensor) -> Dtype {
+        t.dtype
     }
 
     fn input(
         &mut self,
         meta: &TensorMeta,
         make: &mut dyn FnMut() -> Result<Tensor, String>,
-    ) -> Result<Tensor, String> {
-        let t = make()?;
+    ) -> Result<Tensor, NodeError> {
+        let t = make().map_err(NodeError::Input)?;
         let shape: Vec<usize> = meta.shape.iter().map(|d| d.hint() as usize).collect();
         if t.shape() != shape.as_slice() {
-            return Err(format!(
+            return Err(NodeError::Input(format!(
                 "input has shape {:?}, metadata {shape:?}",
                 t.shape()
-            ));
+            )));
         }
-        t.cast(meta.dtype)
+        Ok(t.cast(meta.dtype).map_err(kernel_err)?)
     }
 
-    fn download(&self, t: &Tensor) -> Option<Tensor> {
-        Some(t.clone())
+    fn download(&mut self, t: &Tensor) -> Result<Option<Tensor>, BackendError> {
+        Ok(Some(t.clone()))
     }
 
-    fn shard(&mut self, full: &Tensor, world: u32, rank: u32) -> Result<Tensor, String> {
+    fn shard(&mut self, full: &Tensor, world: u32, rank: u32) -> Result<Tensor, BackendError> {
         let world = world.max(1) as usize;
         let per = full.numel().div_ceil(world);
         let lo = (rank as usize * per).min(full.numel());
@@ -196,17 +223,41 @@ impl Backend for Cpu {
             let flat: Vec<_> = a.iter().cloned().collect();
             let mut v = flat[lo..hi].to_vec();
             v.extend(std::iter::repeat_n(zero_like(&flat), pad));
-            ArrayD::from_shape_vec(IxDyn(&[per]), v).map_err(|e| e.to_string())?.into_shared()
+            ArrayD::from_shape_vec(IxDyn(&[per]), v).map_err(|e| kernel_err(e.to_string()))?.into_shared()
         }))
     }
 
-    fn all_gather(&mut self, shards: &[&Tensor], dtype: Option<Dtype>) -> Result<Tensor, String> {
-        let first = shards.first().ok_or("no ranks")?;
+    fn unflatten(&mut self, flat: &Tensor, shape: &[usize]) -> Result<Tensor, BackendError> {
+        let n: usize = shape.iter().product();
+        if n > flat.numel() {
+            return Err(kernel_err(format!(
+                "a buffer of {} elements cannot hold {shape:?}",
+                flat.numel()
+            )));
+        }
+        let t = map_data!(flat, a => {
+            let v: Vec<_> = a.iter().take(n).cloned().collect();
+            ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| kernel_err(e.to_string()))?.into_shared()
+        });
+        Ok(t)
+    }
+
+    fn free(&mut self, t: Tensor) {
+        drop(t);
+    }
+}
+
+impl Local for Cpu {
+    fn concat(&mut self, shards: &[&Tensor], dtype: Option<Dtype>) -> Result<Tensor, BackendError> {
+        let first = shards
+            .first()
+            .ok_or_else(|| kernel_err("no ranks".into()))?;
         let dtype = dtype.unwrap_or(first.dtype);
         let cast: Vec<Tensor> = shards
             .iter()
             .map(|s| s.cast(dtype))
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<_, _>>()
+            .map_err(kernel_err)?;
         let n: usize = cast.iter().map(Tensor::numel).sum();
         let t = match &cast[0].data {
             Data::F32(_) => cat_flat(
@@ -245,36 +296,13 @@ impl Backend for Cpu {
                 },
                 Data::Bool,
             ),
-        }?;
+        }
+        .map_err(kernel_err)?;
         Ok(Tensor { dtype, data: t })
     }
 
-    fn unflatten(&mut self, flat: &Tensor, shape: &[usize]) -> Result<Tensor, String> {
-        let n: usize = shape.iter().product();
-        if n > flat.numel() {
-            return Err(format!(
-                "a buffer of {} elements cannot hold {shape:?}",
-                flat.numel()
-            ));
-        }
-        let t = map_data!(flat, a => {
-            let v: Vec<_> = a.iter().take(n).cloned().collect();
-            ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| e.to_string())?.into_shared()
-        });
-        Ok(t)
-    }
-
-    fn reduce(
-        &mut self,
-        grads: &[&Tensor],
-        sharded: bool,
-        world: u32,
-    ) -> Result<Vec<Tensor>, String> {
-        let sum = sum_in_rank_order(grads)?;
-        if !sharded {
-            return Ok(grads.iter().map(|_| sum.clone()).collect());
-        }
-        (0..world).map(|r| self.shard(&sum, world, r)).collect()
+    fn sum(&mut self, parts: &[&Tensor]) -> Result<Tensor, BackendError> {
+        sum_in_rank_order(parts).map_err(kernel_err)
     }
 }
 
