@@ -9,7 +9,6 @@ use serde::Deserialize;
 use zerosched_exec::host::{Data, Tensor};
 use zerosched_exec::inputs::Inputs;
 use zerosched_exec::world::run_program;
-use zerosched_exec::{ExecOptions, Executor};
 use zerosched_exec_cpu::Cpu;
 use zerosched_ir::Dtype;
 
@@ -53,13 +52,8 @@ fn execute(data: &[u8], inputs: &[u8], o: &RunOptions) -> Result<Vec<Vec<Vec<Out
             .load_safetensors(inputs, "<inputs>")
             .map_err(|e| e.to_string())?;
     }
-    let mut exec = Executor::new(
-        Cpu,
-        ExecOptions {
-            world_size: o.world_size.unwrap_or(1),
-        },
-    );
-    let run = run_program(&mut exec, &program, &given).map_err(|e| e.to_string())?;
+    let world = o.world_size.unwrap_or(1);
+    let run = run_program(&program, &given, world, |_| Ok(Cpu)).map_err(|e| e.to_string())?;
     Ok(run
         .graphs
         .iter()

@@ -27,6 +27,10 @@ pub fn any(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
             .collect::<Result<_, _>>()?,
         Some(a) => vec![norm_dim(int(a)?, rank)?],
     };
+    if rank == 0 {
+        // A 0-d tensor has no dimension to reduce (torch accepts dim 0 and -1 for it).
+        dims.clear();
+    }
     dims.sort_unstable();
     dims.dedup();
     let keep = flag(env.arg_or_kw(2, "keepdim"), false);

@@ -19,6 +19,14 @@ enum At {
     Slice(Slice),
 }
 
+/// The size of dimension `d`: an error for a 0-d shape, which has none.
+fn size_of(shape: &[usize], d: usize) -> Result<usize, String> {
+    shape
+        .get(d)
+        .copied()
+        .ok_or_else(|| format!("dimension {d} of a tensor of shape {shape:?}"))
+}
+
 fn index_at(i: i64, n: usize) -> Result<usize, String> {
     let j = if i < 0 { i + n as i64 } else { i };
     usize::try_from(j)
@@ -84,7 +92,7 @@ fn slice_at(env: &Env<'_, Tensor>, first: usize, n: usize) -> At {
 pub fn select(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let t = env.tensor(env.arg(0)?)?;
     let d = norm_dim(int(env.arg(1)?)?, t.shape().len())?;
-    let i = index_at(int(env.arg(2)?)?, t.shape()[d])?;
+    let i = index_at(int(env.arg(2)?)?, size_of(t.shape(), d)?)?;
     one(map_data!(t, a => a.index_axis(Axis(d), i).to_owned().into_shared()))
 }
 
@@ -93,7 +101,7 @@ pub fn select_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let g = env.tensor(env.arg(0)?)?;
     let shape = sizes(env.arg(1)?)?;
     let d = norm_dim(int(env.arg(2)?)?, shape.len())?;
-    let i = index_at(int(env.arg(3)?)?, shape[d])?;
+    let i = index_at(int(env.arg(3)?)?, size_of(&shape, d)?)?;
     let dt = out_dtype(env, g.dtype);
     one(write(&filled(&shape, 0.0, dt)?, g, d, At::Index(i))?)
 }
@@ -108,7 +116,7 @@ pub fn slice_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         &filled(&shape, 0.0, dt)?,
         g,
         d,
-        slice_at(env, 3, shape[d]),
+        slice_at(env, 3, size_of(&shape, d)?),
     )?)
 }
 
@@ -117,7 +125,7 @@ pub fn select_scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let base = env.tensor(env.arg(0)?)?;
     let src = env.tensor(env.arg(1)?)?;
     let d = norm_dim(int(env.arg(2)?)?, base.shape().len())?;
-    let i = index_at(int(env.arg(3)?)?, base.shape()[d])?;
+    let i = index_at(int(env.arg(3)?)?, size_of(base.shape(), d)?)?;
     one(write(base, src, d, At::Index(i))?)
 }
 

@@ -13,6 +13,9 @@ use zerosched_exec::host::{Elem, Tensor};
 pub fn safe_softmax(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let x = env.tensor(env.arg(0)?)?;
     let d = norm_dim(int(env.arg(1)?)?, x.shape().len())?;
+    if x.shape().is_empty() {
+        return Err("_safe_softmax of a 0-d tensor".into());
+    }
     let Value::Tensor(y) = crate::reduce::softmax(env)? else {
         return Err("_safe_softmax: softmax gave no tensor".into());
     };
@@ -42,8 +45,15 @@ fn backward(env: &Env<'_, Tensor>, log: bool) -> Result<Value<Tensor>, String> {
     }
     let d = norm_dim(int(env.arg(2)?)?, g.shape().len())?;
     let dt = out_dtype(env, g.dtype);
+    // A 0-d tensor is one row of one element.
+    let shape = g.shape().to_vec();
+    let (g, y) = if shape.is_empty() {
+        (g.reshape(&[1])?, y.reshape(&[1])?)
+    } else {
+        (g.clone(), y.clone())
+    };
     by_real!(dt, "softmax backward", T => {
-        let (gs, ys) = (T::get(g), T::get(y));
+        let (gs, ys) = (T::get(&g), T::get(&y));
         let mut out = gs.to_owned();
         Zip::from(gs.lanes(Axis(d)))
             .and(ys.lanes(Axis(d)))
@@ -57,7 +67,7 @@ fn backward(env: &Env<'_, Tensor>, log: bool) -> Result<Value<Tensor>, String> {
                     Zip::from(&mut ol).and(&gl).and(&yl).for_each(|o, &g, &y| *o = y * (g - s));
                 }
             });
-        one(T::wrap(out, dt)?)
+        one(T::wrap(out, dt)?.reshape(&shape)?)
     })
 }
 
