@@ -26,6 +26,9 @@ pub struct RunOptions {
 /// one byte), or None for an output that is not a tensor.
 type Out = Option<(String, Vec<usize>, Vec<u8>)>;
 
+/// [`Out`] with the elements as Python bytes.
+type PyOut<'py> = Option<(String, Vec<usize>, Bound<'py, PyBytes>)>;
+
 fn buffer(t: &Tensor) -> (String, Vec<usize>, Vec<u8>) {
     let bytes = match (&t.data, t.dtype) {
         (Data::F32(a), Dtype::BFloat16) => a
@@ -74,7 +77,7 @@ pub fn run<'py>(
     data: &[u8],
     inputs: &[u8],
     options: Option<&Bound<'py, PyAny>>,
-) -> PyResult<Vec<Vec<Vec<Option<(String, Vec<usize>, Bound<'py, PyBytes>)>>>>> {
+) -> PyResult<Vec<Vec<Vec<PyOut<'py>>>>> {
     let o: RunOptions = crate::options(options)?;
     let out = py
         .detach(|| execute(data, inputs, &o))
