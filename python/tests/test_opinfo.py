@@ -9,7 +9,9 @@ declared `toleranceOverride`s where it has them, else assert_close's per-dtype d
 sample whose graph holds an op the executor does not claim is refused by name, one of a dtype a
 kernel does not compute (integer convolution) is refused naming it, and one the exporter cannot
 write (tensor constants, non-tensor outputs) is skipped; all three are counted, not compared.
-Every sample that runs must match; the documented deviations are the order of equal keys in
+The backward ops, which OpInfo has no entries for, are traced through autograd of their forward
+in float64 and compared the same way (`test_backward_op_matches_eager`). Every sample that runs
+must match; the documented deviations are the order of equal keys in
 `sort` / `topk` indices (checked to select the same keys), and bf16 results where torch's kernel
 rounds an intermediate to bf16 (checked equal to eager on f32 inputs rounded once, the
 executor's rule).
@@ -199,3 +201,73 @@ if __name__ == "__main__":
         c = results(name)
         cols = [c.get(k, 0) for k in ("pass", "tie order", "bf16 rounded once", "refused", "refused dtype", "skipped")]
         print(f"| `{name}` | {sum(c.values())} | " + " | ".join(map(str, cols)) + " |")
+
+
+def _grad_case(fn, *shapes):
+    """fn's input gradients, traced through autograd to the backward ops AOTAutograd leaves."""
+    torch.manual_seed(0)
+    xs = [torch.randn(*s, dtype=torch.float64) for s in shapes]
+
+    def f(*ts):
+        ts = [t.detach().requires_grad_(True) for t in ts]
+        out = fn(*ts)
+        g = torch.ones_like(out)
+        return tuple(torch.autograd.grad(out, ts, g))
+
+    return f, xs, make_fx(f)(*xs)
+
+
+# The backward ops OpInfo has no entries for, each through autograd of its forward (float64).
+BACKWARD = {
+    "gelu_backward": lambda x: torch.nn.functional.gelu(x),
+    "gelu_backward tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "silu_backward": torch.nn.functional.silu,
+    "threshold_backward": lambda x: torch.relu(x) * x,
+    "_softmax_backward_data": lambda x: torch.softmax(x, -1) * x,
+    "_log_softmax_backward_data": lambda x: torch.log_softmax(x, 0) * x,
+    "native_layer_norm_backward": lambda x, w, b: torch.nn.functional.layer_norm(x, (5,), w, b) * x,
+    "select_backward": lambda x: x.select(1, 2) * 3,
+    "slice_backward": lambda x: x[:, 1:4:2] * 3,
+    # 4 input channels in 2 groups, stride and padding.
+    "convolution_backward": lambda x, w, b: torch.nn.functional.conv2d(x, w, b, stride=2, padding=1, groups=2),
+}
+SHAPES = {
+    "native_layer_norm_backward": [(3, 5), (5,), (5,)],
+    "convolution_backward": [(2, 4, 7, 7), (6, 2, 3, 3), (6,)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(BACKWARD))
+def test_backward_op_matches_eager(name):
+    f, xs, gm = _grad_case(BACKWARD[name], *SHAPES.get(name, [(4, 5)]))
+    op = name.split()[0]
+    assert any(op in str(n.target) for n in gm.graph.nodes), gm.graph
+    doc = graph_to_doc(gm, kind="inference")
+    names = [n["name"] for n in doc["nodes"] if n["op"] == "placeholder"]
+    got = zerosched.run(dumps_graph(doc).encode(), dict(zip(names, xs)))[0][0]
+    for g, w in zip(got, f(*xs), strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_nll_loss_and_embedding_backward_match_eager():
+    torch.manual_seed(0)
+    logits, table = torch.randn(6, 5, dtype=torch.float64), torch.randn(7, 3, dtype=torch.float64)
+    target = torch.tensor([0, 4, -100, 2, 2, 1])
+    idx = torch.tensor([[1, 6, 1], [0, 3, 1]])
+    weight = torch.rand(5, dtype=torch.float64)
+
+    def f(x, t, tab, i, weight):
+        x, tab = x.detach().requires_grad_(True), tab.detach().requires_grad_(True)
+        loss = torch.nn.functional.cross_entropy(x, t, weight=weight, ignore_index=-100)
+        loss = loss + torch.nn.functional.embedding(i, tab, padding_idx=3).sum()
+        return (loss, *torch.autograd.grad(loss, (x, tab)))
+
+    args = [logits, target, table, idx, weight]
+    gm = make_fx(f)(*args)
+    targets = {str(n.target) for n in gm.graph.nodes}
+    assert {"aten.nll_loss_backward.default", "aten.embedding_dense_backward.default"} <= targets
+    doc = graph_to_doc(gm, kind="inference")
+    names = [n["name"] for n in doc["nodes"] if n["op"] == "placeholder"]
+    got = zerosched.run(dumps_graph(doc).encode(), dict(zip(names, args)))[0][0]
+    for g, w in zip(got, f(*args), strict=True):
+        torch.testing.assert_close(g, w)
