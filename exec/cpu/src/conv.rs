@@ -247,3 +247,31 @@ pub fn convolution(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
 pub fn convolution_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     by_real!(env.tensor(env.arg(1)?)?.dtype, "convolution_backward", T => bwd::<T>(env))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::testkit::{f32s, run1};
+
+    /// A kernel larger than the padded input is an error naming the shapes, not a panic.
+    #[test]
+    fn kernel_larger_than_the_input_is_refused() {
+        let x = f32s(&[1, 1, 2, 2], &[1.0; 4]);
+        let w = f32s(&[1, 1, 3, 3], &[1.0; 9]);
+        let args = r#"[{"node":"x0"},{"node":"x1"},null,[1,1],[0,0],[1,1],false,[0,0],1]"#;
+        let meta = r#"{"dtype":"float32","shape":[1,1,1,1]}"#;
+        let err =
+            run1("aten.convolution.default", &[x.clone(), w], args, meta).expect_err("too large");
+        assert!(err.contains("larger than the padded input"), "{err}");
+        // With padding 1 it fits: one output, the sum of the four inputs.
+        let w = f32s(&[1, 1, 3, 3], &[1.0; 9]);
+        let args = r#"[{"node":"x0"},{"node":"x1"},null,[1,1],[1,1],[1,1],false,[0,0],1]"#;
+        let out = run1(
+            "aten.convolution.default",
+            &[x, w],
+            args,
+            r#"{"dtype":"float32","shape":[1,1,2,2]}"#,
+        )
+        .expect("run");
+        assert_eq!(out[0].as_ref().expect("tensor").to_f64_vec(), [4.0; 4]);
+    }
+}

@@ -23,6 +23,8 @@ mod reduce;
 mod scatter;
 mod shape;
 mod softmax;
+#[cfg(test)]
+mod testkit;
 
 use ndarray::{ArrayD, IxDyn};
 use zerosched_exec::host::{self, Data, Tensor, map_data};

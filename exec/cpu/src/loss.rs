@@ -148,3 +148,33 @@ pub fn nll_loss_forward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> 
 pub fn nll_loss_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     by_real!(env.tensor(env.arg(1)?)?.dtype, "nll_loss_backward", T => bwd::<T>(env))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::testkit::{f32s, run1};
+
+    /// A target outside the classes (and not `ignore_index`) is an error naming it; an
+    /// ignored one is not.
+    #[test]
+    fn target_out_of_range_is_refused() {
+        let x = f32s(&[2, 2], &[-1.0, -2.0, -3.0, -4.0]);
+        let int = |v: &[f32]| f32s(&[2], v).cast(zerosched_ir::Dtype::Int64).expect("int");
+        let meta = r#"[{"dtype":"float32","shape":[]},{"dtype":"float32","shape":[]}]"#;
+        let args = r#"[{"node":"x0"},{"node":"x1"},null,1,-100]"#;
+        run1(
+            "aten.nll_loss_forward.default",
+            &[x.clone(), int(&[-100.0, 1.0])],
+            args,
+            meta,
+        )
+        .expect("an ignored target is fine");
+        let err = run1(
+            "aten.nll_loss_forward.default",
+            &[x, int(&[0.0, 7.0])],
+            args,
+            meta,
+        )
+        .expect_err("range");
+        assert!(err.contains("target 7 out of range for 2 classes"), "{err}");
+    }
+}

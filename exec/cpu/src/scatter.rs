@@ -235,3 +235,57 @@ fn embedding_bwd<T: Real>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String
 pub fn embedding_dense_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     by_real!(env.tensor(env.arg(0)?)?.dtype, "embedding_dense_backward", T => embedding_bwd::<T>(env))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::testkit::{f32s, run1};
+
+    /// A negative index counts from the end; one out of range is an error naming it.
+    #[test]
+    fn select_index_from_the_end_and_out_of_range() {
+        let x = f32s(&[2, 3], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        let meta = r#"{"dtype":"float32","shape":[2]}"#;
+        let out = run1(
+            "aten.select.int",
+            std::slice::from_ref(&x),
+            r#"[{"node":"x0"},1,-1]"#,
+            meta,
+        )
+        .expect("run");
+        assert_eq!(out[0].as_ref().expect("tensor").to_f64_vec(), [2.0, 5.0]);
+        let err = run1("aten.select.int", &[x], r#"[{"node":"x0"},1,3]"#, meta)
+            .expect_err("out of range");
+        assert!(err.contains("index 3 out of range"), "{err}");
+    }
+
+    /// Rows of `padding_idx` get no gradient; an index past `num_weights` is an error.
+    #[test]
+    fn embedding_backward_padding_and_range() {
+        let g = f32s(&[3, 1], &[1.0, 2.0, 4.0]);
+        let idx = crate::testkit::f32s(&[3], &[1.0, 0.0, 1.0])
+            .cast(zerosched_ir::Dtype::Int64)
+            .expect("int");
+        let meta = r#"{"dtype":"float32","shape":[3,1]}"#;
+        let args = r#"[{"node":"x0"},{"node":"x1"},3,0,false]"#;
+        let out = run1(
+            "aten.embedding_dense_backward.default",
+            &[g.clone(), idx.clone()],
+            args,
+            meta,
+        )
+        .expect("run");
+        assert_eq!(
+            out[0].as_ref().expect("tensor").to_f64_vec(),
+            [0.0, 5.0, 0.0]
+        );
+        let args = r#"[{"node":"x0"},{"node":"x1"},1,-1,false]"#;
+        let err = run1(
+            "aten.embedding_dense_backward.default",
+            &[g, idx],
+            args,
+            meta,
+        )
+        .expect_err("range");
+        assert!(err.contains("index 1 out of range for 1 rows"), "{err}");
+    }
+}

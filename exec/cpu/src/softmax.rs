@@ -80,3 +80,50 @@ pub fn softmax_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> 
 pub fn log_softmax_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     backward(env, true)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::testkit::{f32s, run1};
+
+    const META: &str = r#"{"dtype":"float32","shape":[2,3]}"#;
+
+    /// A row of only `-inf` (every key masked): zeros, where `_softmax` gives NaN.
+    #[test]
+    fn safe_softmax_of_a_masked_row_is_zero() {
+        let inf = f32::NEG_INFINITY;
+        let x = f32s(&[2, 3], &[inf, inf, inf, 0.0, 0.0, inf]);
+        let args = r#"[{"node":"x0"},-1]"#;
+        let safe = run1(
+            "aten._safe_softmax.default",
+            std::slice::from_ref(&x),
+            args,
+            META,
+        )
+        .expect("run");
+        let v = safe[0].as_ref().expect("tensor").to_f64_vec();
+        assert_eq!(v, [0.0, 0.0, 0.0, 0.5, 0.5, 0.0]);
+        let plain = run1(
+            "aten._softmax.default",
+            &[x],
+            r#"[{"node":"x0"},-1,false]"#,
+            META,
+        )
+        .expect("run");
+        assert!(plain[0].as_ref().expect("tensor").to_f64_vec()[0].is_nan());
+    }
+
+    /// `_softmax_backward_data` of a 0-d tensor (a one-element row) is zero, not a panic.
+    #[test]
+    fn softmax_backward_of_a_scalar() {
+        let g = f32s(&[], &[2.0]);
+        let y = f32s(&[], &[1.0]);
+        let out = run1(
+            "aten._softmax_backward_data.default",
+            &[g, y],
+            r#"[{"node":"x0"},{"node":"x1"},0,{"dtype":"float32"}]"#,
+            r#"{"dtype":"float32","shape":[]}"#,
+        )
+        .expect("run");
+        assert_eq!(out[0].as_ref().expect("tensor").to_f64_vec(), [0.0]);
+    }
+}
