@@ -55,7 +55,7 @@ OPS = [
     "nn.functional.layer_norm", "select", "select_scatter", "slice_scatter", "masked_fill",
     "zeros_like", "ones_like", "new_zeros", "new_ones", "new_full", "fill",
     "nn.functional.conv2d", "nn.functional.embedding", "where", "cumsum", "gather", "topk",
-    "sort",
+    "sort", "tril", "triu",
 ]
 
 _BY_NAME = {o.name: o for o in op_db if o.variant_test_name == ""}

@@ -16,6 +16,7 @@ mod index;
 mod linalg;
 mod logical;
 mod loss;
+mod masks;
 mod nn;
 mod norm;
 mod real;
@@ -139,6 +140,8 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.new_full.default" => factories::new_full,
         "aten.convolution.default" => conv::convolution,
         "aten.convolution_backward.default" => conv::convolution_backward,
+        "aten.tril.default" => masks::tril,
+        "aten.triu.default" => masks::triu,
         "operator.getitem" => getitem,
         _ => return None,
     })
