@@ -16,5 +16,5 @@ for f in $(find tests/fixtures tests/import_errors -name '*.json' | sort); do
 done
 echo "import_json seeds: $(ls fuzz/corpus/import_json | wc -l), import_binary seeds: $(ls fuzz/corpus/import_binary | wc -l)"
 # Generated ZeRO-3-like programs (zerosched_ir::testing), small, in both encodings.
-cargo test --quiet -p zerosched-ir --test roundtrip -- --ignored write_fuzz_seeds >/dev/null
+cargo run --quiet -p zerosched-ir --example fuzz_seeds -- fuzz/corpus
 echo "with generated seeds: import_json $(ls fuzz/corpus/import_json | wc -l), import_binary $(ls fuzz/corpus/import_binary | wc -l)"

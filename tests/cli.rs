@@ -129,3 +129,112 @@ fn gzip_output_is_deterministic_and_readable() {
     assert_eq!(std::fs::read(&a).expect("a"), std::fs::read(&b).expect("b"));
     assert!(zerosched(&["check", &a.to_string_lossy()]).status.success());
 }
+
+/// `--dump-after insert --dump-format listing` writes the program as insertion left it, as the
+/// IR's listing: the gathers are there, in the order the listing of the imported dump has them.
+#[test]
+fn dump_after_writes_a_listing() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let out_path = tmp.path().join("out.json");
+    let out = zerosched(&[
+        "schedule",
+        "tests/fixtures/gpt2_fwd_0.json",
+        "-o",
+        &out_path.to_string_lossy(),
+        "--dump-after",
+        "insert",
+        "--dump-after",
+        "schedule",
+        "--dump-format",
+        "listing",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listing = std::fs::read_to_string(tmp.path().join("out.after-insert.txt"))
+        .expect("the listing after insert");
+    assert!(listing.starts_with("# graph "), "{listing}");
+    assert!(
+        listing.contains("= zerosched.allgather.default(%"),
+        "{listing}"
+    );
+    let scheduled = std::fs::read_to_string(tmp.path().join("out.after-schedule.txt"))
+        .expect("the listing after schedule");
+    assert_ne!(listing, scheduled, "scheduling moved the gathers");
+    // The same dump as JSON lists the same.
+    let json = tmp.path().join("j.json");
+    let out = zerosched(&[
+        "schedule",
+        "tests/fixtures/gpt2_fwd_0.json",
+        "-o",
+        &json.to_string_lossy(),
+        "--dump-after",
+        "insert",
+    ]);
+    assert!(out.status.success());
+    let dumped = zerosched_api::io::read_program(&tmp.path().join("j.after-insert.json"))
+        .expect("the JSON dump imports");
+    assert_eq!(zerosched_ir::listing::program(&dumped), listing);
+}
+
+/// `RUST_LOG=zerosched=debug zerosched schedule` explains the schedule on stderr: each gather
+/// as it is issued and before which node, the ones the budget held back, closed buckets, kept
+/// parameters and the simulator's stalls, under spans naming the pass and the graph. Without
+/// `RUST_LOG` stderr stays empty.
+#[test]
+fn rust_log_explains_the_schedule() {
+    let run = |log: Option<&str>, budget: &str| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_zerosched"));
+        cmd.args([
+            "schedule",
+            "tests/fixtures/llama.program.json",
+            "--budget",
+            budget,
+        ])
+        .current_dir(common::root())
+        .env_remove("RUST_LOG");
+        if let Some(log) = log {
+            cmd.env("RUST_LOG", log);
+        }
+        cmd.output().expect("the zerosched binary runs")
+    };
+    // One layer's worth: prefetching is held back and not every parameter can be kept.
+    let quiet = run(None, "147968");
+    assert!(quiet.status.success());
+    assert!(
+        quiet.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&quiet.stderr)
+    );
+
+    let out = run(Some("zerosched=debug"), "147968");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "pass{pass=\"schedule\"}:graph{graph=\"llama_fwd_0\"}",
+        "gather issued",
+        "gather held back: prefetching it here would pass the budget",
+        "parameter kept from the forward to the backward",
+        "parameter not kept: holding it would pass the budget",
+        "simulate{graph=\"llama_bwd_0\"}",
+        "scheduled",
+    ] {
+        assert!(log.contains(needle), "no `{needle}` in:\n{log}");
+    }
+    // The standard output (the report table) is the same with or without the log.
+    assert_eq!(out.stdout, quiet.stdout);
+    // Buckets form without a budget; the log says where one closed.
+    let unlimited = run(Some("zerosched_passes::schedule=debug"), "1TiB");
+    let log = String::from_utf8_lossy(&unlimited.stderr);
+    assert!(log.contains("bucket closed"), "{log}");
+    assert!(
+        !log.contains("simulate{"),
+        "the filter selects the scheduler only:\n{log}"
+    );
+}

@@ -1,6 +1,6 @@
 //! Every malformed document under tests/import_errors is rejected by `zerosched check` with
-//! exit code 1 and exactly the message in its `.expected` file (`ZEROSCHED_BLESS=1 cargo test`
-//! rewrites those files).
+//! exit code 1 and exactly the message in its snapshot `NAME.snap` beside it (insta; `cargo
+//! insta review` accepts an intended change).
 
 mod common;
 
@@ -23,9 +23,15 @@ fn each_malformed_document_is_rejected_with_its_message() {
             continue;
         }
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        if let Some(m) = common::check_expected(&case.with_extension("expected"), &stderr) {
-            failures.push(m);
-        }
+        let name = case.file_stem().map(|s| s.to_string_lossy().into_owned());
+        insta::with_settings!({
+            snapshot_path => "import_errors",
+            prepend_module_to_snapshot => false,
+            input_file => case,
+            omit_expression => true,
+        }, {
+            insta::assert_snapshot!(name.unwrap_or_default(), stderr);
+        });
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

@@ -2,7 +2,17 @@
 //! documents (docs/format.md, "Inserted ops"): their targets, and readers for their keywords.
 //! They belong to the format, so every consumer (passes, checker, executors) reads them here.
 
-use crate::{Arg, Dtype, Node, NodeId};
+use crate::{Arg, Dtype, Kwargs, Node, NodeId};
+
+/// The keywords of the inserted ops, spelled here only: builders below write them, readers below
+/// read them.
+pub mod kw {
+    pub const PARAM: &str = "param";
+    pub const DTYPE: &str = "dtype";
+    pub const BUCKET: &str = "bucket";
+    pub const AFTER: &str = "after";
+    pub const SHARDED: &str = "sharded";
+}
 
 /// `zerosched.allgather.default(shard, *, param, [dtype], [bucket])`: issues the all-gather of
 /// a sharded parameter on the communication stream and allocates its full buffer.
@@ -76,9 +86,93 @@ impl CommOp {
     }
 }
 
+/// An inserted op as one typed value: its kind and its keywords, read once. For consumers that
+/// want everything an op says (a listing, an executor, a checker); one keyword alone has its
+/// reader below.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Inserted<'a> {
+    AllGather {
+        param: Option<&'a str>,
+        /// Cast to this dtype before gathering.
+        dtype: Option<Dtype>,
+        /// Issued together with the gathers of the same bucket.
+        bucket: Option<i64>,
+    },
+    Wait {
+        param: Option<&'a str>,
+    },
+    Release {
+        param: Option<&'a str>,
+        /// Every real use of the storage; the release follows them all.
+        after: Vec<NodeId>,
+    },
+    ReduceGrad {
+        param: Option<&'a str>,
+        /// Reduce-scattered; `false` for a persistent parameter's gradient (all-reduced).
+        sharded: bool,
+    },
+    EndBackward,
+    Keep {
+        param: Option<&'a str>,
+    },
+    Reuse {
+        param: Option<&'a str>,
+    },
+}
+
+impl<'a> Inserted<'a> {
+    pub fn of(node: &'a Node) -> Option<Inserted<'a>> {
+        let param = param_name(node);
+        Some(match CommOp::of(node)? {
+            CommOp::AllGather => Inserted::AllGather {
+                param,
+                dtype: gather_dtype(node),
+                bucket: bucket(node),
+            },
+            CommOp::Wait => Inserted::Wait { param },
+            CommOp::Release => Inserted::Release {
+                param,
+                after: release_after(node),
+            },
+            CommOp::ReduceGrad => Inserted::ReduceGrad {
+                param,
+                sharded: reduce_sharded(node),
+            },
+            CommOp::EndBackward => Inserted::EndBackward,
+            CommOp::Keep => Inserted::Keep { param },
+            CommOp::Reuse => Inserted::Reuse { param },
+        })
+    }
+
+    pub fn op(&self) -> CommOp {
+        match self {
+            Inserted::AllGather { .. } => CommOp::AllGather,
+            Inserted::Wait { .. } => CommOp::Wait,
+            Inserted::Release { .. } => CommOp::Release,
+            Inserted::ReduceGrad { .. } => CommOp::ReduceGrad,
+            Inserted::EndBackward => CommOp::EndBackward,
+            Inserted::Keep { .. } => CommOp::Keep,
+            Inserted::Reuse { .. } => CommOp::Reuse,
+        }
+    }
+
+    /// The parameter the op is about (`None` for `end_backward`, or a document without one).
+    pub fn param(&self) -> Option<&'a str> {
+        match self {
+            Inserted::AllGather { param, .. }
+            | Inserted::Wait { param }
+            | Inserted::Release { param, .. }
+            | Inserted::ReduceGrad { param, .. }
+            | Inserted::Keep { param }
+            | Inserted::Reuse { param } => *param,
+            Inserted::EndBackward => None,
+        }
+    }
+}
+
 /// The `param` keyword of an inserted op: the parameter's fully qualified name.
 pub fn param_name(node: &Node) -> Option<&str> {
-    match node.kwargs.get("param") {
+    match node.kwargs.get(kw::PARAM) {
         Some(Arg::Str(s)) => Some(s),
         _ => None,
     }
@@ -87,12 +181,12 @@ pub fn param_name(node: &Node) -> Option<&str> {
 /// The `bucket` keyword of an all-gather: gathers with the same bucket id are issued together as
 /// one coalesced collective.
 pub fn bucket(node: &Node) -> Option<i64> {
-    node.kwargs.get("bucket").and_then(Arg::as_int)
+    node.kwargs.get(kw::BUCKET).and_then(Arg::as_int)
 }
 
 /// The `dtype` keyword of an all-gather: the parameter is cast to it before gathering.
 pub fn gather_dtype(node: &Node) -> Option<Dtype> {
-    match node.kwargs.get("dtype") {
+    match node.kwargs.get(kw::DTYPE) {
         Some(Arg::Dtype(d)) => Some(*d),
         _ => None,
     }
@@ -101,8 +195,94 @@ pub fn gather_dtype(node: &Node) -> Option<Dtype> {
 /// The nodes a release waits for (its `after` keyword).
 pub fn release_after(node: &Node) -> Vec<NodeId> {
     let mut out = Vec::new();
-    if let Some(a) = node.kwargs.get("after") {
+    if let Some(a) = node.kwargs.get(kw::AFTER) {
         a.for_each_ref(&mut |r| out.push(*r));
     }
     out
+}
+
+/// The `sharded` keyword of a gradient reduction: a reduce-scatter unless it says `false` (a
+/// persistent parameter's gradient, all-reduced).
+pub fn reduce_sharded(node: &Node) -> bool {
+    !matches!(node.kwargs.get(kw::SHARDED), Some(Arg::Bool(false)))
+}
+
+/// The keywords of an all-gather: its parameter and, where it is cast first, the dtype.
+pub fn gather_kwargs(param: &str, dtype: Option<Dtype>) -> Kwargs {
+    let mut kwargs = param_kwargs(param);
+    if let Some(d) = dtype {
+        kwargs.insert(kw::DTYPE, Arg::Dtype(d));
+    }
+    kwargs
+}
+
+/// The keywords of a wait, keep or reuse: the parameter alone.
+pub fn param_kwargs(param: &str) -> Kwargs {
+    let mut kwargs = Kwargs::new();
+    kwargs.insert(kw::PARAM, Arg::Str(param.to_owned()));
+    kwargs
+}
+
+/// A release's keywords: the parameter and the uses it must follow.
+pub fn release_kwargs(param: &str, after: &[NodeId]) -> Kwargs {
+    let mut kwargs = param_kwargs(param);
+    let after = Arg::List(after.iter().map(|&u| Arg::Node(u)).collect());
+    kwargs.insert(kw::AFTER, after);
+    kwargs
+}
+
+/// A gradient reduction's keywords: the parameter, and whether it is sharded.
+pub fn reduce_kwargs(param: &str, sharded: bool) -> Kwargs {
+    let mut kwargs = param_kwargs(param);
+    kwargs.insert(kw::SHARDED, Arg::Bool(sharded));
+    kwargs
+}
+
+/// Puts an all-gather into bucket `id` (gathers of one bucket are issued as one collective).
+pub fn set_bucket(kwargs: &mut Kwargs, id: i64) {
+    kwargs.insert(kw::BUCKET, Arg::Int(id));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a builder writes, the view reads back; absent keywords read as their defaults.
+    #[test]
+    fn the_view_reads_what_the_builders_write() {
+        let mut gather = Node::call("g", ALLGATHER, vec![]);
+        gather.kwargs = gather_kwargs("w", Some(Dtype::BFloat16));
+        set_bucket(&mut gather.kwargs, 3);
+        assert_eq!(
+            Inserted::of(&gather),
+            Some(Inserted::AllGather {
+                param: Some("w"),
+                dtype: Some(Dtype::BFloat16),
+                bucket: Some(3),
+            })
+        );
+        let mut reduce = Node::call("r", REDUCE_GRAD, vec![]);
+        reduce.kwargs = reduce_kwargs("w", false);
+        let view = Inserted::of(&reduce).expect("an inserted op");
+        assert_eq!((view.op(), view.param()), (CommOp::ReduceGrad, Some("w")));
+        assert_eq!(
+            view,
+            Inserted::ReduceGrad {
+                param: Some("w"),
+                sharded: false
+            }
+        );
+        let bare = Node::call("r", REDUCE_GRAD, vec![]);
+        assert_eq!(
+            Inserted::of(&bare),
+            Some(Inserted::ReduceGrad {
+                param: None,
+                sharded: true
+            })
+        );
+        assert_eq!(
+            Inserted::of(&Node::call("m", "aten.mm.default", vec![])),
+            None
+        );
+    }
 }

@@ -19,6 +19,7 @@ pub mod dtype;
 pub mod graph;
 pub mod json;
 pub mod kwargs;
+pub mod listing;
 mod names;
 pub mod node;
 pub mod program;

@@ -32,13 +32,16 @@
 //! sometimes sharing a tied parameter) followed by one backward graph.
 //!
 //! [`chain`] and [`llama_like`] build large deterministic programs for stress tests and
-//! benchmarks.
+//! benchmarks; [`GraphBuilder`] builds hand-written graphs node by node.
 
 use crate::{
     Arg, Dim, Dtype, Grad, Graph, GraphKind, Kwargs, Meta, Node, NodeId, Op, Param, Program, Str,
     SymInt, TensorMeta, Val,
 };
 use proptest::collection::vec;
+
+mod builder;
+pub use builder::{GraphBuilder, node};
 use proptest::prelude::*;
 
 /// Size limits and switches for the generators.

@@ -235,30 +235,3 @@ fn fixtures_round_trip() {
     }
     assert!(seen >= 1);
 }
-
-/// Not a test: writes generated documents (both encodings) into the fuzz corpora. Run by
-/// `fuzz/seed.sh` through `cargo test -p zerosched-ir --test roundtrip -- --ignored`.
-#[test]
-#[ignore]
-fn write_fuzz_seeds() {
-    use proptest::strategy::{Strategy, ValueTree};
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
-    let (jdir, bdir) = (root.join("import_json"), root.join("import_binary"));
-    std::fs::create_dir_all(&jdir).unwrap();
-    std::fs::create_dir_all(&bdir).unwrap();
-    let mut runner = proptest::test_runner::TestRunner::deterministic();
-    let strategy = testing::program(&Config::small());
-    for i in 0..64 {
-        let p = strategy.new_tree(&mut runner).unwrap().current();
-        std::fs::write(
-            jdir.join(format!("generated_{i:02}.json")),
-            json::export(&p),
-        )
-        .unwrap();
-        std::fs::write(
-            bdir.join(format!("generated_{i:02}.zsg")),
-            binary::export(&p),
-        )
-        .unwrap();
-    }
-}

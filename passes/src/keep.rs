@@ -54,8 +54,15 @@ pub fn keep_across(p: &mut Program, opts: &ScheduleOptions) -> KeepReport {
             let t = tree.get_or_insert_with(|| MaxAdd::from_live(&live_bytes(g, opts)));
             hi <= lo || t.max(lo, hi).saturating_add(c.bytes) <= opts.budget
         };
-        if !fits(&mut live[c.forward], f, fpos, f_end) || !fits(&mut live[c.backward], b, 0, b_len)
-        {
+        let in_forward = fits(&mut live[c.forward], f, fpos, f_end);
+        if !in_forward || !fits(&mut live[c.backward], b, 0, b_len) {
+            tracing::debug!(
+                param = %c.param,
+                bytes = c.bytes,
+                budget = opts.budget,
+                over_in = if in_forward { "backward" } else { "forward" },
+                "parameter not kept: holding it would pass the budget"
+            );
             continue;
         }
         if let Some(t) = live[c.forward].as_mut() {
@@ -67,6 +74,13 @@ pub fn keep_across(p: &mut Program, opts: &ScheduleOptions) -> KeepReport {
         p.graphs[c.forward].set_target(c.release, ops::KEEP);
         let g = &mut p.graphs[c.backward];
         g.set_target(c.gather, ops::REUSE);
+        tracing::debug!(
+            param = %c.param,
+            bytes = c.bytes,
+            saved_ms = c.saved_ms,
+            held_ms = c.held_ms,
+            "parameter kept from the forward to the backward"
+        );
         report.saved_ms += c.saved_ms;
         report.kept.push(c.param);
     }

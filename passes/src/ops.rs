@@ -1,33 +1,25 @@
-//! Builders for the inserted ops (their targets and keyword readers are in
-//! `zerosched_ir::comm`), and the byte size of a gathered buffer.
+//! Builders for the inserted ops (their targets, keywords and keyword readers and writers are
+//! in `zerosched_ir::comm`), and the byte size of a gathered buffer.
 
 pub use zerosched_ir::comm::*;
 use zerosched_ir::{Arg, Dtype, Graph, Kwargs, Node, NodeId, Param, SideTable};
 
-fn kwargs(pairs: Vec<(&str, Arg<NodeId>)>) -> Kwargs {
-    pairs.into_iter().collect()
-}
-
-fn call(
-    g: &Graph,
-    base: &str,
-    target: &str,
-    args: Vec<Arg<NodeId>>,
-    kw: Vec<(&str, Arg<NodeId>)>,
-) -> Node {
+fn call(g: &Graph, base: &str, target: &str, args: Vec<Arg<NodeId>>, kwargs: Kwargs) -> Node {
     Node {
-        kwargs: kwargs(kw),
+        kwargs,
         ..Node::call(g.fresh_name(base), target, args)
     }
 }
 
 pub fn allgather(g: &Graph, shard: NodeId, param: &str, dtype: Option<Dtype>) -> Node {
-    let mut kw = vec![("param", Arg::Str(param.to_owned()))];
-    if let Some(d) = dtype {
-        kw.push(("dtype", Arg::Dtype(d)));
-    }
     let base = format!("allgather_{}", g.node(shard).name);
-    call(g, &base, ALLGATHER, vec![Arg::Node(shard)], kw)
+    call(
+        g,
+        &base,
+        ALLGATHER,
+        vec![Arg::Node(shard)],
+        gather_kwargs(param, dtype),
+    )
 }
 
 pub fn wait(g: &Graph, gather: NodeId, param: &str) -> Node {
@@ -38,13 +30,7 @@ pub fn wait(g: &Graph, gather: NodeId, param: &str) -> Node {
             .strip_prefix("allgather_")
             .unwrap_or(gather_name)
     );
-    call(
-        g,
-        &base,
-        WAIT,
-        vec![Arg::Node(gather)],
-        vec![("param", Arg::Str(param.to_owned()))],
-    )
+    call(g, &base, WAIT, vec![Arg::Node(gather)], param_kwargs(param))
 }
 
 pub fn release(g: &Graph, value: NodeId, param: &str, after: &[NodeId]) -> Node {
@@ -55,15 +41,6 @@ pub fn release(g: &Graph, value: NodeId, param: &str, after: &[NodeId]) -> Node 
     }
 }
 
-/// A release's keywords: the parameter and the uses it must follow.
-pub fn release_kwargs(param: &str, after: &[NodeId]) -> Kwargs {
-    let after = Arg::List(after.iter().map(|&u| Arg::Node(u)).collect());
-    kwargs(vec![
-        ("param", Arg::Str(param.to_owned())),
-        ("after", after),
-    ])
-}
-
 pub fn reduce_grad(g: &Graph, grad: NodeId, param: &str, sharded: bool) -> Node {
     let base = format!("reduce_{}", g.node(grad).name);
     call(
@@ -71,16 +48,13 @@ pub fn reduce_grad(g: &Graph, grad: NodeId, param: &str, sharded: bool) -> Node 
         &base,
         REDUCE_GRAD,
         vec![Arg::Node(grad)],
-        vec![
-            ("param", Arg::Str(param.to_owned())),
-            ("sharded", Arg::Bool(sharded)),
-        ],
+        reduce_kwargs(param, sharded),
     )
 }
 
 pub fn end_backward(g: &Graph, reduces: &[NodeId]) -> Node {
     let list = Arg::List(reduces.iter().map(|&r| Arg::Node(r)).collect());
-    call(g, "end_backward", END_BACKWARD, vec![list], vec![])
+    call(g, "end_backward", END_BACKWARD, vec![list], Kwargs::new())
 }
 
 pub fn getitem(g: &Graph, value: NodeId, index: usize) -> Node {
@@ -90,7 +64,7 @@ pub fn getitem(g: &Graph, value: NodeId, index: usize) -> Node {
         &base,
         GETITEM,
         vec![Arg::Node(value), Arg::Int(index as i64)],
-        vec![],
+        Kwargs::new(),
     )
 }
 

@@ -202,6 +202,14 @@ impl Pass for Schedule {
             .ok_or_else(|| PassError::UnknownScheduler(opts.scheduler.clone()))?;
         let reports = each_graph(p, |g| {
             let report = scheduler.schedule(g, &opts.schedule)?;
+            tracing::info!(
+                scheduler = scheduler.name(),
+                gathers = report.gathers,
+                buckets = report.buckets,
+                peak_gathered = report.peak_gathered,
+                budget = opts.schedule.budget,
+                "scheduled"
+            );
             // A scheduler that does not plan for memory (deepcompile) may overrun the budget;
             // that is an error whether or not the checker runs.
             if report.peak_gathered > opts.schedule.budget {
@@ -249,7 +257,18 @@ fn each_graph<R: Send>(
     p: &mut Program,
     f: impl Fn(&mut Graph) -> Result<R, PassError> + Send + Sync,
 ) -> Result<Vec<R>, PassError> {
-    let results: Vec<Result<R, PassError>> = p.graphs.par_iter_mut().map(f).collect();
+    // Each task runs under the pass's span, and its own naming the graph, so that what a pass
+    // reports (RUST_LOG) says which graph it is about.
+    let pass = tracing::Span::current();
+    let results: Vec<Result<R, PassError>> = p
+        .graphs
+        .par_iter_mut()
+        .map(|g| {
+            let span = tracing::info_span!(parent: &pass, "graph", graph = g.label());
+            let _entered = span.enter();
+            f(g)
+        })
+        .collect();
     results.into_iter().collect()
 }
 
@@ -297,7 +316,8 @@ pub fn run(
                 fact,
             });
         }
-        pass.run(p, opts, &mut cx)?;
+        let span = tracing::info_span!("pass", pass = pass.name());
+        span.in_scope(|| pass.run(p, opts, &mut cx))?;
         facts.extend(pass.gives());
         if opts.verify {
             zerosched_ir::verify::program(p).map_err(|diagnostics| PassError::Invalid {

@@ -7,96 +7,33 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use zerosched_ir::{Arg, Dim, Dtype, Graph, GraphKind, Node, NodeId, Op, Param, TensorMeta, Val};
+use zerosched_ir::testing::GraphBuilder as Builder;
+use zerosched_ir::{Arg, Graph, GraphKind, Node, NodeId};
 use zerosched_passes::alias::Aliases;
 use zerosched_passes::insert::insert;
 use zerosched_passes::ops::{self, CommOp};
 use zerosched_passes::schedule::{self, DeepCompile, ScheduleOptions, ScheduleReport, Scheduler};
 
-/// Builds graphs node by node; every value is a float32 tensor of the given shape.
-struct Builder {
-    g: Graph,
+/// A parameter `model.NAME` on the placeholder `NAME`, as DeepSpeed qualifies them.
+fn param(b: &mut Builder, name: &str, shape: &[u64]) -> NodeId {
+    b.param_as(name, &format!("model.{name}"), shape)
 }
 
-impl Builder {
-    fn new(kind: GraphKind) -> Builder {
-        Builder {
-            g: Graph::new(Some("built".to_owned()), kind),
-        }
-    }
-
-    fn val(shape: &[u64]) -> Option<Val> {
-        let dims = shape.iter().map(|&d| Dim::Const(d)).collect();
-        Some(Val::Tensor((TensorMeta::new(dims, Dtype::Float32)).into()))
-    }
-
-    fn node(&mut self, n: Node, shape: &[u64]) -> NodeId {
-        let mut n = n;
-        n.meta.val = Builder::val(shape);
-        self.g.push(n).expect("builder nodes are well formed")
-    }
-
-    fn input(&mut self, name: &str, shape: &[u64]) -> NodeId {
-        let n = Node {
-            op: Op::Placeholder,
-            ..Node::call(name, name, vec![])
-        };
-        self.node(n, shape)
-    }
-
-    fn param(&mut self, name: &str, shape: &[u64]) -> NodeId {
-        let id = self.input(name, shape);
-        self.g.params.push(Param {
-            name: format!("model.{name}"),
-            node: id,
-            shape: shape.iter().map(|&d| Dim::Const(d)).collect(),
-            dtype: Dtype::Float32,
-            persistent: false,
-        });
-        id
-    }
-
-    fn op(&mut self, name: &str, target: &str, args: &[NodeId], shape: &[u64]) -> NodeId {
-        let args = args.iter().map(|&a| Arg::Node(a)).collect();
-        self.node(Node::call(name, target, args), shape)
-    }
-
-    fn op_args(
-        &mut self,
-        name: &str,
-        target: &str,
-        args: Vec<Arg<NodeId>>,
-        shape: &[u64],
-    ) -> NodeId {
-        self.node(Node::call(name, target, args), shape)
-    }
-
-    /// `h @ w.T` for a parameter `w`.
-    fn linear(&mut self, name: &str, h: NodeId, w: NodeId, shape: &[u64]) -> NodeId {
-        let t = self.op(&format!("{name}_t"), "aten.t.default", &[w], &[]);
-        self.op(name, "aten.mm.default", &[h, t], shape)
-    }
-
-    fn output(mut self, values: &[NodeId]) -> Graph {
-        let list = Arg::List(values.iter().map(|&v| Arg::Node(v)).collect());
-        let n = Node {
-            op: Op::Output,
-            ..Node::call("output", "output", vec![list])
-        };
-        self.g.push(n).expect("the output is well formed");
-        self.g
-    }
+/// `h @ w.T` for a parameter `w`.
+fn linear(b: &mut Builder, name: &str, h: NodeId, w: NodeId, shape: &[u64]) -> NodeId {
+    let t = b.op(&format!("{name}_t"), "aten.t.default", &[w], &[]);
+    b.op(name, "aten.mm.default", &[h, t], shape)
 }
 
 /// `layers` linear layers with a ReLU after each; placeholders first, as AOTAutograd has them.
 fn mlp(layers: usize) -> Graph {
-    let mut b = Builder::new(GraphKind::Forward);
+    let mut b = Builder::new("built", GraphKind::Forward);
     let mut h = b.input("x", &[4, 16]);
     let ws: Vec<NodeId> = (0..layers)
-        .map(|i| b.param(&format!("w{i}"), &[16, 16]))
+        .map(|i| param(&mut b, &format!("w{i}"), &[16, 16]))
         .collect();
     for (i, &w) in ws.iter().enumerate() {
-        let mm = b.linear(&format!("mm{i}"), h, w, &[4, 16]);
+        let mm = linear(&mut b, &format!("mm{i}"), h, w, &[4, 16]);
         h = b.op(&format!("relu{i}"), "aten.relu.default", &[mm], &[4, 16]);
     }
     b.output(&[h])
@@ -105,24 +42,24 @@ fn mlp(layers: usize) -> Graph {
 /// A router and parallel expert branches, combined by a sum: the branches are independent, so
 /// the scheduler may interleave them.
 fn moe(experts: usize) -> Graph {
-    let mut b = Builder::new(GraphKind::Forward);
+    let mut b = Builder::new("built", GraphKind::Forward);
     let x = b.input("x", &[4, 16]);
-    let router = b.param("router", &[experts as u64, 16]);
-    let logits = b.linear("logits", x, router, &[4, experts as u64]);
+    let router = param(&mut b, "router", &[experts as u64, 16]);
+    let logits = linear(&mut b, "logits", x, router, &[4, experts as u64]);
     let gates = b.op("gates", "aten.softmax.int", &[logits], &[4, experts as u64]);
     let mut acc = None;
     for e in 0..experts {
-        let up = b.param(&format!("up{e}"), &[32, 16]);
-        let down = b.param(&format!("down{e}"), &[16, 32]);
-        let gate = b.op_args(
+        let up = param(&mut b, &format!("up{e}"), &[32, 16]);
+        let down = param(&mut b, &format!("down{e}"), &[16, 32]);
+        let gate = b.call(
             &format!("gate{e}"),
             "aten.select.int",
             vec![Arg::Node(gates), Arg::Int(1), Arg::Int(e as i64)],
             &[4],
         );
-        let h = b.linear(&format!("up{e}_mm"), x, up, &[4, 32]);
+        let h = linear(&mut b, &format!("up{e}_mm"), x, up, &[4, 32]);
         let h = b.op(&format!("act{e}"), "aten.silu.default", &[h], &[4, 32]);
-        let h = b.linear(&format!("down{e}_mm"), h, down, &[4, 16]);
+        let h = linear(&mut b, &format!("down{e}_mm"), h, down, &[4, 16]);
         let h = b.op(
             &format!("scaled{e}"),
             "aten.mul.Tensor",
@@ -141,42 +78,42 @@ fn moe(experts: usize) -> Graph {
 /// A fused weight used only through `split` and its `getitem`s, each half by its own matmul
 /// with compute in between.
 fn split_weight() -> Graph {
-    let mut b = Builder::new(GraphKind::Forward);
+    let mut b = Builder::new("built", GraphKind::Forward);
     let x = b.input("x", &[4, 16]);
-    let w = b.param("qkv", &[32, 16]);
-    let parts = b.op_args(
+    let w = param(&mut b, "qkv", &[32, 16]);
+    let parts = b.call(
         "split",
         "aten.split.Tensor",
         vec![Arg::Node(w), Arg::Int(16)],
         &[],
     );
-    let q = b.op_args(
+    let q = b.call(
         "q",
         ops::GETITEM,
         vec![Arg::Node(parts), Arg::Int(0)],
         &[16, 16],
     );
-    let k = b.op_args(
+    let k = b.call(
         "k",
         ops::GETITEM,
         vec![Arg::Node(parts), Arg::Int(1)],
         &[16, 16],
     );
-    let other = b.param("other", &[16, 16]);
-    let h = b.linear("hq", x, q, &[4, 16]);
+    let other = param(&mut b, "other", &[16, 16]);
+    let h = linear(&mut b, "hq", x, q, &[4, 16]);
     let h = b.op("act", "aten.gelu.default", &[h], &[4, 16]);
-    let h = b.linear("ho", h, other, &[4, 16]);
-    let h = b.linear("hk", h, k, &[4, 16]);
+    let h = linear(&mut b, "ho", h, other, &[4, 16]);
+    let h = linear(&mut b, "hk", h, k, &[4, 16]);
     b.output(&[h])
 }
 
 /// A parameter (an attention mask) passed only as a keyword argument.
 fn kwarg_param() -> Graph {
-    let mut b = Builder::new(GraphKind::Forward);
+    let mut b = Builder::new("built", GraphKind::Forward);
     let x = b.input("x", &[4, 16]);
-    let wq = b.param("wq", &[16, 16]);
-    let mask = b.param("mask", &[4, 4]);
-    let q = b.linear("q", x, wq, &[4, 16]);
+    let wq = param(&mut b, "wq", &[16, 16]);
+    let mask = param(&mut b, "mask", &[4, 4]);
+    let q = linear(&mut b, "q", x, wq, &[4, 16]);
     let act = b.op("act", "aten.relu.default", &[x], &[4, 16]);
     let mut attn = Node::call(
         "attn",
@@ -184,19 +121,19 @@ fn kwarg_param() -> Graph {
         vec![Arg::Node(q), Arg::Node(act), Arg::Node(act)],
     );
     attn.kwargs.insert("attn_mask", Arg::Node(mask));
-    let attn = b.node(attn, &[4, 16]);
+    let attn = b.push(attn, &[4, 16]);
     b.output(&[attn])
 }
 
 /// The backward of an MLP: each layer's input gradient reads its weight, and each weight
 /// gradient is returned (and so reduced).
 fn mlp_backward(layers: usize) -> Graph {
-    let mut b = Builder::new(GraphKind::Backward);
+    let mut b = Builder::new("built", GraphKind::Backward);
     let acts: Vec<NodeId> = (0..layers)
         .map(|i| b.input(&format!("act{i}"), &[4, 16]))
         .collect();
     let ws: Vec<NodeId> = (0..layers)
-        .map(|i| b.param(&format!("w{i}"), &[16, 16]))
+        .map(|i| param(&mut b, &format!("w{i}"), &[16, 16]))
         .collect();
     let mut grad = b.input("tangent", &[4, 16]);
     let mut grads = vec![None; layers];
@@ -231,37 +168,37 @@ fn mlp_backward(layers: usize) -> Graph {
 /// A transformer-like forward: `layers` blocks of norm, four attention projections and a gated
 /// MLP, with elementwise filler standing in for the rest of a real block.
 fn transformer(layers: usize, filler: usize) -> Graph {
-    let mut b = Builder::new(GraphKind::Forward);
+    let mut b = Builder::new("built", GraphKind::Forward);
     let s = [4, 16];
     let mut h = b.input("x", &s);
     for l in 0..layers {
         let p = |n: &str| format!("l{l}_{n}");
-        let norm_w = b.param(&p("norm"), &[16]);
+        let norm_w = param(&mut b, &p("norm"), &[16]);
         let normed = b.op(&p("normed"), "aten.mul.Tensor", &[h, norm_w], &s);
         let mut heads = Vec::new();
         for proj in ["q", "k", "v"] {
-            let w = b.param(&p(proj), &[16, 16]);
-            let mut v = b.linear(&p(&format!("{proj}_mm")), normed, w, &s);
+            let w = param(&mut b, &p(proj), &[16, 16]);
+            let mut v = linear(&mut b, &p(&format!("{proj}_mm")), normed, w, &s);
             for f in 0..filler {
                 v = b.op(&p(&format!("{proj}_f{f}")), "aten.mul.Scalar", &[v], &s);
             }
             heads.push(v);
         }
         let scores = b.op(&p("sdpa"), "aten.mul.Tensor", &heads, &s);
-        let wo = b.param(&p("o"), &[16, 16]);
-        let attn = b.linear(&p("o_mm"), scores, wo, &s);
+        let wo = param(&mut b, &p("o"), &[16, 16]);
+        let attn = linear(&mut b, &p("o_mm"), scores, wo, &s);
         h = b.op(&p("res1"), "aten.add.Tensor", &[h, attn], &s);
-        let gate_w = b.param(&p("gate"), &[16, 16]);
-        let up_w = b.param(&p("up"), &[16, 16]);
-        let down_w = b.param(&p("down"), &[16, 16]);
-        let gate = b.linear(&p("gate_mm"), h, gate_w, &s);
+        let gate_w = param(&mut b, &p("gate"), &[16, 16]);
+        let up_w = param(&mut b, &p("up"), &[16, 16]);
+        let down_w = param(&mut b, &p("down"), &[16, 16]);
+        let gate = linear(&mut b, &p("gate_mm"), h, gate_w, &s);
         let mut gate = b.op(&p("gate_act"), "aten.silu.default", &[gate], &s);
         for f in 0..filler {
             gate = b.op(&p(&format!("gate_f{f}")), "aten.mul.Scalar", &[gate], &s);
         }
-        let up = b.linear(&p("up_mm"), h, up_w, &s);
+        let up = linear(&mut b, &p("up_mm"), h, up_w, &s);
         let mlp = b.op(&p("mlp"), "aten.mul.Tensor", &[gate, up], &s);
-        let down = b.linear(&p("down_mm"), mlp, down_w, &s);
+        let down = linear(&mut b, &p("down_mm"), mlp, down_w, &s);
         h = b.op(&p("res2"), "aten.add.Tensor", &[h, down], &s);
     }
     b.output(&[h])
@@ -485,9 +422,9 @@ fn traced_two_layers() {
 /// release, on no chosen path, is left to the tail in the original order.
 #[test]
 fn traced_fallback_choice() {
-    let mut b = Builder::new(GraphKind::Forward);
-    let wa = b.param("a", &[4, 4]);
-    let wb = b.param("b", &[4]);
+    let mut b = Builder::new("built", GraphKind::Forward);
+    let wa = param(&mut b, "a", &[4, 4]);
+    let wb = param(&mut b, "b", &[4]);
     let mul = b.op("mul", "aten.mul.Tensor", &[wa, wb], &[4, 4]);
     let relu = b.op("relu", "aten.relu.default", &[mul], &[4, 4]);
     let g = inserted(b.output(&[relu]), &BTreeSet::new());
@@ -590,24 +527,5 @@ fn fixture_graphs() {
             let (s, report) = run(&g);
             check(&g, &s, &report);
         }
-    }
-}
-
-/// The cost on a graph of about the size of DeepSpeed's 32-layer Llama forward; run with
-/// `cargo test --release -p zerosched-passes --test deepcompile -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn timing_large_graph() {
-    for layers in [8, 32, 80] {
-        let g = inserted(transformer(layers, 40), &BTreeSet::new());
-        let start = std::time::Instant::now();
-        let (s, report) = run(&g);
-        let elapsed = start.elapsed();
-        println!(
-            "{layers} layers: {} nodes, {} gathers: {elapsed:?}",
-            g.len(),
-            report.gathers
-        );
-        check(&g, &s, &report);
     }
 }

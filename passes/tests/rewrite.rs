@@ -4,14 +4,16 @@
 //! `"test"` object (the format ignores unknown fields) that says how to run it: `split`
 //! (`min_gap_nodes` for `split_long_gaps`), `budget`, `world_size`, `disable` (rule names).
 //! The runner inserts, optionally splits, rewrites, and compares a listing of the graph before
-//! and after the stage, and the report, with `NAME.expected`; `ZEROSCHED_BLESS=1` rewrites it.
+//! and after the stage ([`zerosched_ir::listing`]), and the report, with the snapshot
+//! `NAME.snap` beside the case (insta: `cargo insta review` accepts an intended change).
 //! Every case also checks, by hand, insertion's invariants on the result, the verifier, and
 //! that a second run gives byte-identical output.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
-use zerosched_ir::{Arg, Graph, NodeId, Val};
+use zerosched_ir::listing;
+use zerosched_ir::{Graph, NodeId};
 use zerosched_passes::alias::Aliases;
 use zerosched_passes::insert::insert;
 use zerosched_passes::ops::{self, CommOp};
@@ -28,40 +30,6 @@ fn cases() -> Vec<PathBuf> {
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     out.sort();
-    out
-}
-
-fn arg(a: &Arg<NodeId>, g: &Graph) -> String {
-    match a {
-        Arg::Node(r) => format!("%{}", g.node(*r).name),
-        Arg::List(items) => {
-            let items: Vec<String> = items.iter().map(|i| arg(i, g)).collect();
-            format!("[{}]", items.join(", "))
-        }
-        Arg::Int(i) => i.to_string(),
-        Arg::Str(s) => format!("{s:?}"),
-        Arg::Dtype(d) => d.to_string(),
-        Arg::Bool(b) => b.to_string(),
-        Arg::None => "None".into(),
-        other => format!("{other:?}"),
-    }
-}
-
-/// One line per node: `%name = target(args, key=value) : shape dtype`.
-fn listing(g: &Graph) -> String {
-    let mut out = String::new();
-    for (_, n) in g.nodes() {
-        let mut parts: Vec<String> = n.args.iter().map(|a| arg(a, g)).collect();
-        parts.extend(n.kwargs.iter().map(|(k, v)| format!("{k}={}", arg(v, g))));
-        let ty = match &n.meta.val {
-            Some(Val::Tensor(t)) => {
-                let dims: Vec<String> = t.shape.iter().map(|d| d.hint().to_string()).collect();
-                format!(" : [{}] {}", dims.join(", "), t.dtype)
-            }
-            _ => String::new(),
-        };
-        let _ = writeln!(out, "%{} = {}({}){ty}", n.name, n.target, parts.join(", "));
-    }
     out
 }
 
@@ -210,37 +178,26 @@ fn run(path: &Path) -> Result<Outcome, String> {
 
 #[test]
 fn rewrite_cases() {
-    let bless = std::env::var_os("ZEROSCHED_BLESS").is_some_and(|v| v == "1");
-    let mut failures = Vec::new();
     let all = cases();
     assert!(!all.is_empty(), "no cases under tests/rewrite");
     for path in all {
-        let text = match run(&path) {
-            Ok(o) => format!(
-                "# before\n{}\n# after\n{}\n# report\n{}",
-                listing(&o.before),
-                listing(&o.after),
-                report_text(&o.report)
-            ),
-            Err(e) => {
-                failures.push(format!("{}: {e}", path.display()));
-                continue;
-            }
-        };
-        let expected = path.with_extension("expected");
-        if bless {
-            std::fs::write(&expected, &text).expect("bless writes");
-            continue;
-        }
-        let want = std::fs::read_to_string(&expected).unwrap_or_default();
-        if want != text {
-            failures.push(format!(
-                "{}:\n--- expected\n{want}\n--- actual\n{text}",
-                expected.display()
-            ));
-        }
+        let o = run(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let text = format!(
+            "# before\n{}\n# after\n{}\n# report\n{}",
+            listing::graph(&o.before),
+            listing::graph(&o.after),
+            report_text(&o.report)
+        );
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+        insta::with_settings!({
+            snapshot_path => "rewrite",
+            prepend_module_to_snapshot => false,
+            input_file => &path,
+            omit_expression => true,
+        }, {
+            insta::assert_snapshot!(name.unwrap_or_default(), text);
+        });
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
 /// The stage rejects names it does not know rather than silently running every rule.

@@ -6,10 +6,8 @@
 //! them bucketed in 3 ms.
 
 use std::collections::BTreeSet;
-use zerosched_ir::{
-    Arg, Dim, Dtype, Grad, Graph, GraphKind, Meta, Node, NodeId, Op, Param, Program, TensorMeta,
-    Val,
-};
+use zerosched_ir::testing::GraphBuilder as Builder;
+use zerosched_ir::{Arg, Grad, Graph, GraphKind, NodeId, Program};
 use zerosched_passes::cost::{CollectiveModel, CostModel};
 use zerosched_passes::insert::insert;
 use zerosched_passes::ops::CommOp;
@@ -28,69 +26,6 @@ fn opts() -> SimOptions {
             },
             ..CostModel::default()
         },
-    }
-}
-
-fn f32s(n: u64) -> Option<Val> {
-    Some(Val::Tensor(
-        (TensorMeta::new(vec![Dim::Const(n)], Dtype::Float32)).into(),
-    ))
-}
-
-/// A graph under construction: f32 vectors, compute nodes with measured times.
-struct Builder {
-    g: Graph,
-}
-
-impl Builder {
-    fn new(kind: GraphKind) -> Builder {
-        Builder {
-            g: Graph::new(Some(format!("{}_0", kind.name())), kind),
-        }
-    }
-
-    fn input(&mut self, name: &str, numel: u64) -> NodeId {
-        let node = Node {
-            op: Op::Placeholder,
-            target: name.into(),
-            meta: Box::new(Meta {
-                val: f32s(numel),
-                ..Meta::default()
-            }),
-            ..Node::call(name, "", vec![])
-        };
-        self.g.push(node).unwrap()
-    }
-
-    fn param(&mut self, name: &str, numel: u64) -> NodeId {
-        let id = self.input(name, numel);
-        self.g.params.push(Param {
-            name: name.to_owned(),
-            node: id,
-            shape: vec![Dim::Const(numel)],
-            dtype: Dtype::Float32,
-            persistent: false,
-        });
-        id
-    }
-
-    /// A kernel of `ms` milliseconds producing `numel` f32s.
-    fn op(&mut self, name: &str, target: &str, args: &[NodeId], numel: u64, ms: f64) -> NodeId {
-        let mut node = Node::call(name, target, args.iter().map(|&a| Arg::Node(a)).collect());
-        node.meta.val = f32s(numel);
-        node.meta.device_time_ms = Some(ms);
-        self.g.push(node).unwrap()
-    }
-
-    fn output(mut self, values: &[NodeId]) -> Graph {
-        let list = Arg::List(values.iter().map(|&v| Arg::Node(v)).collect());
-        let node = Node {
-            op: Op::Output,
-            target: "output".into(),
-            ..Node::call("output", "", vec![list])
-        };
-        self.g.push(node).unwrap();
-        self.g
     }
 }
 
@@ -127,15 +62,15 @@ fn move_before(g: &mut Graph, node: NodeId, before: NodeId) {
 
 /// `y = mm(x, w)` with an optional 3 ms kernel before it.
 fn one_gather(lead: bool) -> Graph {
-    let mut b = Builder::new(GraphKind::Forward);
-    let x = b.input("x", 100);
-    let w = b.param("w", 1000);
+    let mut b = Builder::new("forward_0", GraphKind::Forward);
+    let x = b.input("x", &[100]);
+    let w = b.param("w", &[1000]);
     let a = if lead {
-        b.op("relu", "aten.relu.default", &[x], 100, 3.0)
+        b.kernel("relu", "aten.relu.default", &[x], &[100], 3.0)
     } else {
         x
     };
-    let y = b.op("mm", "aten.mm.default", &[a, w], 50, 3.0);
+    let y = b.kernel("mm", "aten.mm.default", &[a, w], &[50], 3.0);
     inserted(b.output(&[y]))
 }
 
@@ -174,11 +109,11 @@ fn prefetching_one_node_earlier_hides_the_gather() {
 
 #[test]
 fn a_partly_hidden_gather_stalls_for_the_rest() {
-    let mut b = Builder::new(GraphKind::Forward);
-    let x = b.input("x", 100);
-    let w = b.param("w", 1000);
-    let a = b.op("relu", "aten.relu.default", &[x], 100, 0.5);
-    let y = b.op("mm", "aten.mm.default", &[a, w], 50, 3.0);
+    let mut b = Builder::new("forward_0", GraphKind::Forward);
+    let x = b.input("x", &[100]);
+    let w = b.param("w", &[1000]);
+    let a = b.kernel("relu", "aten.relu.default", &[x], &[100], 0.5);
+    let y = b.kernel("mm", "aten.mm.default", &[a, w], &[50], 3.0);
     let mut g = inserted(b.output(&[y]));
     let gather = find(&g, CommOp::AllGather)[0];
     move_before(&mut g, gather, a);
@@ -191,12 +126,12 @@ fn a_partly_hidden_gather_stalls_for_the_rest() {
 
 /// `y = mm(mm(x, w1), w2)`, with both gathers moved to the front and optionally bucketed.
 fn two_gathers(bucketed: bool) -> Graph {
-    let mut b = Builder::new(GraphKind::Forward);
-    let x = b.input("x", 100);
-    let w1 = b.param("w1", 1000);
-    let w2 = b.param("w2", 1000);
-    let h = b.op("mm1", "aten.mm.default", &[x, w1], 100, 3.0);
-    let y = b.op("mm2", "aten.mm.default", &[h, w2], 100, 3.0);
+    let mut b = Builder::new("forward_0", GraphKind::Forward);
+    let x = b.input("x", &[100]);
+    let w1 = b.param("w1", &[1000]);
+    let w2 = b.param("w2", &[1000]);
+    let h = b.kernel("mm1", "aten.mm.default", &[x, w1], &[100], 3.0);
+    let y = b.kernel("mm2", "aten.mm.default", &[h, w2], &[100], 3.0);
     let mut g = inserted(b.output(&[y]));
     let gathers = find(&g, CommOp::AllGather);
     let first_wait = find(&g, CommOp::Wait)[0];
@@ -250,10 +185,10 @@ fn a_bucket_of_two_pays_one_latency() {
 
 /// A backward graph producing two 1,000-element gradients, 3 ms each.
 fn backward() -> Graph {
-    let mut b = Builder::new(GraphKind::Backward);
-    let t = b.input("tangent", 1000);
-    let g1 = b.op("grad1", "aten.mul.Tensor", &[t], 1000, 3.0);
-    let g2 = b.op("grad2", "aten.mul.Tensor", &[t], 1000, 3.0);
+    let mut b = Builder::new("backward_0", GraphKind::Backward);
+    let t = b.input("tangent", &[1000]);
+    let g1 = b.kernel("grad1", "aten.mul.Tensor", &[t], &[1000], 3.0);
+    let g2 = b.kernel("grad2", "aten.mul.Tensor", &[t], &[1000], 3.0);
     b.g.grads = vec![
         Grad {
             param: "w1".to_owned(),
@@ -319,11 +254,11 @@ fn an_unsharded_gradient_is_all_reduced() {
 #[test]
 fn memory_peaks_follow_the_sizes() {
     // x: 400 B; w's shard 2,000 B, gathered 4,000 B; y, z: 200 B each.
-    let mut b = Builder::new(GraphKind::Forward);
-    let x = b.input("x", 100);
-    let w = b.param("w", 1000);
-    let y = b.op("mm", "aten.mm.default", &[x, w], 50, 3.0);
-    let z = b.op("relu", "aten.relu.default", &[y], 50, 1.0);
+    let mut b = Builder::new("forward_0", GraphKind::Forward);
+    let x = b.input("x", &[100]);
+    let w = b.param("w", &[1000]);
+    let y = b.kernel("mm", "aten.mm.default", &[x, w], &[50], 3.0);
+    let z = b.kernel("relu", "aten.relu.default", &[y], &[50], 1.0);
     let g = inserted(b.output(&[z]));
     let s = sim(&g);
     assert_eq!(s.summary.peak_gathered_bytes, 4000);
@@ -431,11 +366,11 @@ fn the_trace_is_json_with_one_event_per_span_and_sample() {
 /// `l` layers of `x = mm(x, w_i)`, `ms` milliseconds each, every weight 1,000 f32s (a 2 ms
 /// gather).
 fn layers(l: usize, ms: f64) -> Graph {
-    let mut b = Builder::new(GraphKind::Forward);
-    let mut x = b.input("x", 100);
-    let ws: Vec<NodeId> = (0..l).map(|i| b.param(&format!("w{i}"), 1000)).collect();
+    let mut b = Builder::new("forward_0", GraphKind::Forward);
+    let mut x = b.input("x", &[100]);
+    let ws: Vec<NodeId> = (0..l).map(|i| b.param(&format!("w{i}"), &[1000])).collect();
     for (i, &w) in ws.iter().enumerate() {
-        x = b.op(&format!("mm{i}"), "aten.mm.default", &[x, w], 100, ms);
+        x = b.kernel(&format!("mm{i}"), "aten.mm.default", &[x, w], &[100], ms);
     }
     inserted(b.output(&[x]))
 }
@@ -493,10 +428,10 @@ fn prefetch_overlaps_gathers_when_communication_bound() {
 #[test]
 fn an_output_only_parameter_holds_only_its_shard() {
     // A parameter the forward only returns: insertion gathers nothing; its shard is held.
-    let mut b = Builder::new(GraphKind::Forward);
-    let x = b.input("x", 100);
-    let w = b.param("w", 1000);
-    let y = b.op("relu", "aten.relu.default", &[x], 100, 1.0);
+    let mut b = Builder::new("forward_0", GraphKind::Forward);
+    let x = b.input("x", &[100]);
+    let w = b.param("w", &[1000]);
+    let y = b.kernel("relu", "aten.relu.default", &[x], &[100], 1.0);
     let g = inserted(b.output(&[y, w]));
     assert!(find(&g, CommOp::AllGather).is_empty());
     let s = sim(&g).summary;

@@ -190,6 +190,26 @@ def test_higher_order_op_gives_clear_error():
         export.graph_to_doc(_graph(build), name="hop")
 
 
+def test_rng_wrappers_of_activation_checkpointing_are_the_op_they_wrap():
+    """AOTAutograd wraps a random op that activation checkpointing recomputes: the forward runs
+    it through run_and_save_rng_state, the backward again through run_with_rng_state."""
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    def build(g):
+        x = g.placeholder("x")
+        state = g.placeholder("state")
+        saved = g.call_function(run_and_save_rng_state, (aten.native_dropout.default, x, 0.5, True))
+        again = g.call_function(run_with_rng_state, (state, aten.native_dropout.default, x, 0.5, True))
+        g.output((g.call_function(operator.getitem, (saved, 1)), again))
+
+    doc = export.graph_to_doc(_graph(build), name="rng")
+    by_target = {n["target"].rsplit(".", 1)[-1]: n for n in doc["nodes"]}
+    for name, shift in (("run_and_save_rng_state", 1), ("run_with_rng_state", 2)):
+        node = [n for t, n in by_target.items() if name in t][0]
+        assert node["args"][shift - 1] == {"repr": "aten.native_dropout.default"}
+        assert (node["meta"]["aliases"], node["meta"]["mutates"]) == ([], [])
+
+
 def test_capture_maps_params_and_grads_on_a_plain_module():
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))

@@ -4,7 +4,11 @@ from zerosched._core import OverBudgetError, ZeroschedError, __version__, check,
 from zerosched import ops  # registers the zerosched ops with torch.library
 from zerosched.compiler import backend
 from zerosched.executor import run
+from zerosched.named import configure
 from zerosched.runtime import ShardedModel, shard
+from zerosched import named
 
-__all__ = ["OverBudgetError", "ShardedModel", "ZeroschedError", "__version__", "backend", "check", "ops",
+named.register()  # torch.compile(model, backend="zerosched")
+
+__all__ = ["OverBudgetError", "ShardedModel", "ZeroschedError", "__version__", "backend", "check", "configure", "ops",
            "run", "schedule", "shard"]

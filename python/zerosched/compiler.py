@@ -68,7 +68,6 @@ def backend(budget: int | str | None = None, scheduler: str = "prefetch", inner:
 
     def compile_aot(dyn_gm: torch.fx.GraphModule, example_inputs: list,
                     entries: list[runtime.ShardedParam | None]) -> Callable:
-        from functorch.compile import min_cut_rematerialization_partition
         from torch._dynamo.backends.common import aot_autograd
 
         k = counter[0]
@@ -94,7 +93,7 @@ def backend(budget: int | str | None = None, scheduler: str = "prefetch", inner:
             bw_compiler=bw,
             inference_compiler=lambda gm, ex: fw(gm, ex, "inference"),
             decompositions=_decompositions(inner),
-            partition_fn=min_cut_rematerialization_partition,
+            partition_fn=_partition([i for i, e in enumerate(entries) if e is not None]),
             keep_inference_input_mutations=True,
         )(dyn_gm, example_inputs)
 
@@ -126,6 +125,47 @@ def backend(budget: int | str | None = None, scheduler: str = "prefetch", inner:
         return run
 
     return compile_dynamo_graph
+
+
+#: Ops that change a tensor's dtype or layout only: what stands between a parameter and its use.
+_CASTS = ("aten._to_copy.default", "prims.convert_element_type.default")
+_VIEWS = ("aten.t.default", "aten.transpose.int", "aten.permute.default", "aten.view.default",
+          "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default", "aten.unsqueeze.default",
+          "aten.squeeze.dim", "aten.alias.default", "aten.detach.default", "aten.clone.default")
+
+
+def _partition(param_inputs: list[int]) -> Callable:
+    """AOTAutograd's min-cut partitioner, told to recompute in the backward every cast of a
+    parameter (and the views around it) instead of saving it.
+
+    Under ``torch.autocast`` a Linear reads ``weight.to(bfloat16)``.  Saved for the backward,
+    that copy is the parameter's gathered buffer (the scheduler gathers straight into the
+    compute dtype): the forward could not release it, the backward does not read the parameter,
+    and the gathered copy outlived the step.  Recomputed, the backward reads the parameter and
+    gathers it again, as it does without autocast."""
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    def partition(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        primals = [n for n in joint.graph.nodes if n.op == "placeholder" and n.name.startswith("primals")]
+        for i in param_inputs:
+            if i >= len(primals):
+                continue
+            chain: list[torch.fx.Node] = []
+            todo = [primals[i]]
+            while todo:
+                node = todo.pop()
+                for user in node.users:
+                    if (user.op == "call_function" and export.target_name(user) in _CASTS + _VIEWS
+                            and user.args and user.args[0] is node and user not in chain):
+                        chain.append(user)
+                        todo.append(user)
+            if any(export.target_name(n) in _CASTS for n in chain):
+                for n in chain:
+                    n.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+        return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+
+    return partition
 
 
 def _decompositions(inner: str) -> dict:

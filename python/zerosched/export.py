@@ -115,6 +115,8 @@ def encode_arg(a: Any, where: str = "?") -> Any:
         return {"memory_format": _strip_torch(str(a))}
     if isinstance(a, slice):
         return {"slice": [encode_arg(a.start, where), encode_arg(a.stop, where), encode_arg(a.step, where)]}
+    if isinstance(a, torch._ops.OpOverload):  # the op an RNG wrapper runs: named as targets are
+        return {"repr": str(a)}
     return {"repr": _clean_repr(a)}
 
 
@@ -245,7 +247,8 @@ def _check_representable(gm: torch.fx.GraphModule, node: torch.fx.Node, label: s
         )
     if node.op not in ("placeholder", "get_attr", "call_function", "output"):
         raise ExportError(f"{where}: unknown FX op {node.op!r}")
-    if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+    if (node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
+            and _rng_wrapped_op(node) is None):
         raise ExportError(
             f"{where}: higher-order operator {node.target.name()!r} carries subgraphs, which "
             "fx-graph v1 cannot represent (inline it or disable the feature that introduces it)"
@@ -257,6 +260,23 @@ def _check_representable(gm: torch.fx.GraphModule, node: torch.fx.Node, label: s
                 f"{where}: get_attr of a submodule {node.target!r} ({type(obj).__name__}) cannot be "
                 "represented in fx-graph v1 (only tensor attributes can)"
             )
+
+
+#: AOTAutograd's wrappers of a random op that activation checkpointing recomputes in the
+#: backward: ``run_and_save_rng_state(op, *args)`` returns the RNG state before the op and its
+#: result, ``run_with_rng_state(state, op, *args)`` runs it again from that state.  Neither
+#: carries a subgraph: the node is the wrapped op, its tensor arguments shifted by this many.
+_RNG_WRAPPERS = {"run_and_save_rng_state": 1, "run_with_rng_state": 2}
+
+
+def _rng_wrapped_op(node: torch.fx.Node) -> tuple[torch._ops.OpOverload, int] | None:
+    """The op an RNG wrapper node runs, and where its arguments start; None for other nodes."""
+    if not isinstance(node.target, torch._ops.HigherOrderOperator):
+        return None
+    shift = _RNG_WRAPPERS.get(node.target.name())
+    if shift is None or len(node.args) < shift or not isinstance(node.args[shift - 1], torch._ops.OpOverload):
+        return None
+    return node.args[shift - 1], shift
 
 
 def _get_attr(gm: torch.nn.Module, target: str) -> Any:
@@ -294,6 +314,12 @@ def node_to_doc(gm: torch.fx.GraphModule, node: torch.fx.Node, label: str,
         if isinstance(node.target, torch._ops.OpOverload):
             aliases, mutates = schema_aliases_mutates(node.target, len(node.args))
             meta["aliases"], meta["mutates"] = aliases, mutates
+        elif (wrapped := _rng_wrapped_op(node)) is not None:
+            # run_and_save_rng_state's result is a (state, value) pair, which getitem takes apart;
+            # the aliasing is the wrapped op's, at its arguments' places.
+            op, shift = wrapped
+            aliases, mutates = schema_aliases_mutates(op, len(node.args) - shift)
+            meta["aliases"], meta["mutates"] = [i + shift for i in aliases], [i + shift for i in mutates]
         elif node.target is operator.getitem:
             # The element shares the storage of the tuple/list it is taken from.
             meta["aliases"], meta["mutates"] = [0], []

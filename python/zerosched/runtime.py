@@ -17,6 +17,7 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.optim import optimizer as optimizer_hooks
 
 from zerosched._core import ZeroschedError
 
@@ -186,7 +187,25 @@ def shard(model: torch.nn.Module, group: dist.ProcessGroup | None = None,
         RUNTIME.params[e.name] = e
         RUNTIME.by_param[id(e.param)] = e
     handle._hooks = _install_fallback(model, entries)
+    global _STEP_HOOK
+    if _STEP_HOOK is None:
+        _STEP_HOOK = optimizer_hooks.register_optimizer_step_post_hook(_clear_stepped_shards)
     return handle
+
+
+_STEP_HOOK = None
+
+
+def _clear_stepped_shards(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    """After an optimizer has stepped shards, their gradients are cleared, as DeepSpeed's
+    engine does.  Training loops that zero the model's gradients rather than the optimizer's
+    (transformers' ``Trainer``, on the compiled wrapper) never reach the shards, and every
+    step's gradient would be added to the last one's."""
+    shards = {id(e.shard) for e in RUNTIME.params.values() if not e.persistent}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) in shards:
+                p.grad = None
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,9 +28,14 @@ pub struct Args {
     /// Switch a pass off (`insert`, `schedule`, `keep`).
     #[arg(long)]
     disable: Vec<String>,
-    /// Write the program as it is after this pass to `<output stem>.after-<pass>.json`.
+    /// Write the program as it is after this pass to `<output stem>.after-<pass>.json` (or
+    /// `.txt` for a listing).
     #[arg(long)]
     dump_after: Vec<String>,
+    /// How `--dump-after` writes: an fx-graph v1 document, or a readable listing (one line per
+    /// node).
+    #[arg(long, value_enum, default_value_t = DumpFormat::Json)]
+    dump_format: DumpFormat,
     /// Write the report as JSON.
     #[arg(long)]
     report: Option<PathBuf>,
@@ -40,6 +45,12 @@ pub struct Args {
 }
 
 pub use zerosched_api::request::parse_bytes;
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum DumpFormat {
+    Json,
+    Listing,
+}
 
 fn request(args: &Args) -> Result<ScheduleRequest, Failure> {
     Ok(ScheduleRequest {
@@ -73,8 +84,11 @@ pub fn run(args: Args) -> Result<(), Failure> {
     if let Some(path) = &args.output {
         write_atomic(path, &encode(&program, Encoding::from_path(path)))?;
         for (pass, dumped) in &context.dumps {
-            let dump = path.with_extension(format!("after-{pass}.json"));
-            write_atomic(&dump, &zerosched_ir::json::export(dumped))?;
+            let (ext, bytes) = match args.dump_format {
+                DumpFormat::Json => ("json", zerosched_ir::json::export(dumped)),
+                DumpFormat::Listing => ("txt", zerosched_ir::listing::program(dumped).into_bytes()),
+            };
+            write_atomic(&path.with_extension(format!("after-{pass}.{ext}")), &bytes)?;
         }
     }
     write_outputs(

@@ -38,22 +38,6 @@ pub fn files(dir: &str, exts: &[&str]) -> Vec<PathBuf> {
     out
 }
 
-/// Compares `actual` with the file at `expected`, or rewrites the file when
-/// `ZEROSCHED_BLESS=1` is set. Returns a description of the mismatch, if any.
-pub fn check_expected(expected: &Path, actual: &str) -> Option<String> {
-    if std::env::var_os("ZEROSCHED_BLESS").is_some_and(|v| v == "1") {
-        std::fs::write(expected, actual).expect("bless writes the expected file");
-        return None;
-    }
-    let want = std::fs::read_to_string(expected).unwrap_or_default();
-    (want != actual).then(|| {
-        format!(
-            "{}:\n--- expected\n{want}\n--- actual\n{actual}",
-            expected.display()
-        )
-    })
-}
-
 pub fn relative(p: &Path) -> String {
     p.strip_prefix(root())
         .unwrap_or(p)

@@ -76,6 +76,9 @@ struct Slot<T> {
 struct Board<T> {
     slots: BTreeMap<u64, Slot<T>>,
     aborted: bool,
+    /// Ranks blocked in [`ThreadComm::collect`]: a post wakes them only if there are any (a
+    /// wake-up is a system call, and most posts find nobody waiting).
+    waiting: u32,
 }
 
 struct Shared<T> {
@@ -101,6 +104,7 @@ impl<T> ThreadComm<T> {
             board: Mutex::new(Board {
                 slots: BTreeMap::new(),
                 aborted: false,
+                waiting: 0,
             }),
             changed: Condvar::new(),
         });
@@ -137,8 +141,11 @@ impl<T> ThreadComm<T> {
         });
         slot.parts[self.rank as usize] = Some(part);
         slot.arrived += 1;
+        let wake = board.waiting > 0;
         drop(board);
-        self.shared.changed.notify_all();
+        if wake {
+            self.shared.changed.notify_all();
+        }
         Ok(Ticket { seq, kind })
     }
 
@@ -159,11 +166,13 @@ impl<T> ThreadComm<T> {
             {
                 break;
             }
+            board.waiting += 1;
             board = self
                 .shared
                 .changed
                 .wait(board)
                 .unwrap_or_else(PoisonError::into_inner);
+            board.waiting -= 1;
         }
         let slot = board
             .slots

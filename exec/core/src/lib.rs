@@ -181,8 +181,10 @@ pub trait Backend: Sized {
         flat: &Self::Tensor,
         shape: &[usize],
     ) -> Result<Self::Tensor, BackendError>;
-    /// The executor is done with this buffer (liveness, a release, the end of a graph or
-    /// program): called once per storage class, after every view of it was dropped.
+    /// The executor is done with this storage (liveness, a release, the end of a graph or
+    /// program): called once per storage class with one handle to it (the allocating node's
+    /// value; for a reused parameter, its full view), after every other handle was dropped.
+    /// The backend may defer the release until the work that reads the storage is done.
     fn free(&mut self, t: Self::Tensor);
 }
 

@@ -351,7 +351,7 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
     ) -> Result<(), NodeError> {
         let n = plan.g.node(id);
         let grad = first_arg(n).ok_or_else(|| malformed("no gradient"))?;
-        let sharded = !matches!(n.kwargs.get("sharded"), Some(Arg::Bool(false)));
+        let sharded = zerosched_ir::comm::reduce_sharded(n);
         let Value::Tensor(t) = &w.values[grad.index()] else {
             return Err(malformed("the gradient is not a tensor"));
         };

@@ -250,6 +250,12 @@ impl<'a> Ctx<'a> {
                     (t.node, &t.until_ag)
                 }
             };
+            tracing::debug!(
+                gather = %g.node(next).name,
+                free_path = free_path.is_some(),
+                nodes = nodes.len(),
+                "gather chosen: through its release if its path needs no other gather, alone otherwise"
+            );
             for &n in nodes {
                 take(&mut scheduled, &mut unscheduled, n)?;
             }

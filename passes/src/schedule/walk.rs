@@ -85,7 +85,7 @@ pub(super) fn run(
         for m in members {
             let n = g.node(m);
             let (args, mut kwargs) = (n.args.clone(), n.kwargs.clone());
-            kwargs.insert("bucket", Arg::Int(id as i64));
+            zerosched_ir::comm::set_bucket(&mut kwargs, id as i64);
             g.set_args(m, args, kwargs).map_err(bad)?;
         }
     }
@@ -293,6 +293,8 @@ struct Walk<'a> {
     needed: u64,
     /// Index into `plan.fifo` of the next gather to issue.
     next: usize,
+    /// The gather last reported held back by the budget, so that it is reported once.
+    held: Option<NodeId>,
 }
 
 impl<'a> Walk<'a> {
@@ -322,6 +324,7 @@ impl<'a> Walk<'a> {
             peak: resident,
             needed: 0,
             next: 0,
+            held: None,
         }
     }
 
@@ -362,6 +365,17 @@ impl<'a> Walk<'a> {
                 // issuing after it loses nothing and holds the memory for less time.
                 let stream_frees = self.t_comm < self.node_start(i) + cost;
                 if !(self.policy.prefetch && fits && stream_frees && ready) {
+                    if self.policy.prefetch && !fits && self.held != Some(gather) {
+                        self.held = Some(gather);
+                        tracing::debug!(
+                            gather = %self.g.node(gather).name,
+                            before = self.spine_name(i),
+                            live = self.live,
+                            bytes = self.plan.bytes[gather],
+                            budget = self.opts.budget,
+                            "gather held back: prefetching it here would pass the budget"
+                        );
+                    }
                     break;
                 }
             }
@@ -379,6 +393,14 @@ impl<'a> Walk<'a> {
             .rev()
             .take_while(|&&g| self.plan.need_at[g] == i)
             .fold(self.t_compute, |t, &g| t.max(self.end_of[g]))
+    }
+
+    /// The name of spine node `i`, for the log; past the last, the end of the graph.
+    fn spine_name(&self, i: usize) -> &str {
+        self.plan
+            .spine
+            .get(i)
+            .map_or("(end)", |&id| self.g.node(id).name.as_str())
     }
 
     fn collective(&self, bytes: u64) -> f64 {
@@ -422,6 +444,7 @@ impl<'a> Walk<'a> {
             }
             _ => None,
         };
+        let joined_open = joined.is_some();
         match joined {
             Some(end) => {
                 if let Some(members) = self.buckets.last_mut() {
@@ -433,6 +456,14 @@ impl<'a> Walk<'a> {
                 self.t_comm = end;
             }
             None => {
+                if let (Some(b), true) = (&self.open, self.policy.bucketing) {
+                    tracing::debug!(
+                        members = self.buckets.last().map_or(0, Vec::len),
+                        bytes = b.bytes,
+                        next = %self.g.node(gather).name,
+                        "bucket closed: adding the next gather would end it later than its first need, or save nothing"
+                    );
+                }
                 let start = self.t_compute.max(self.t_comm);
                 let end = start + alone;
                 self.open = Some(Bucket {
@@ -451,6 +482,14 @@ impl<'a> Walk<'a> {
         }
         self.live = self.live.saturating_add(bytes);
         self.peak = self.peak.max(self.live);
+        tracing::debug!(
+            gather = %self.g.node(gather).name,
+            before = self.spine_name(at),
+            needed_by = self.spine_name(need),
+            joined_open = joined_open,
+            live = self.live,
+            "gather issued"
+        );
         self.emit(gather);
     }
 
@@ -459,9 +498,10 @@ impl<'a> Walk<'a> {
             let n = self.g.node(r);
             let bytes = n.meta.val.as_ref().and_then(|v| v.nbytes()).unwrap_or(0);
             // A persistent parameter's gradient is all-reduced, not scattered.
-            let kind = match n.kwargs.get("sharded") {
-                Some(Arg::Bool(false)) => Collective::AllReduce,
-                _ => Collective::ReduceScatter,
+            let kind = if zerosched_ir::comm::reduce_sharded(n) {
+                Collective::ReduceScatter
+            } else {
+                Collective::AllReduce
             };
             let start = self.t_compute.max(self.t_comm);
             self.t_comm = start

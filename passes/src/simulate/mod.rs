@@ -154,6 +154,7 @@ fn ratio(step: f64, bound: f64) -> f64 {
 }
 
 pub fn simulate_graph(g: &Graph, opts: &SimOptions) -> GraphSim {
+    let _span = tracing::info_span!("simulate", graph = g.label()).entered();
     let mut sim = Sim::new(g, opts);
     sim.run();
     let Sim {
@@ -392,6 +393,12 @@ impl<'a> Sim<'a> {
     fn stall_until(&mut self, id: NodeId, ready: f64) {
         let start = self.t_compute;
         if ready > start {
+            tracing::debug!(
+                at = %self.g.node(id).name,
+                start_ms = start,
+                stall_ms = ready - start,
+                "compute stalled: the communication it waits for is not done"
+            );
             self.stall += ready - start;
             self.t_compute = ready;
             self.push_span(id, start);
@@ -435,7 +442,7 @@ impl<'a> Sim<'a> {
 
     fn issue_reduce(&mut self, id: NodeId) {
         let n = self.g.node(id);
-        let kind = if sharded(n) {
+        let kind = if comm::reduce_sharded(n) {
             Collective::ReduceScatter
         } else {
             Collective::AllReduce
@@ -488,11 +495,6 @@ fn first_arg(n: &zerosched_ir::Node) -> Option<NodeId> {
     n.args.first().and_then(Arg::as_node).copied()
 }
 
-/// A reduction's `sharded` keyword: a reduce-scatter unless it says `false` (all-reduce).
-fn sharded(n: &zerosched_ir::Node) -> bool {
-    !matches!(n.kwargs.get("sharded"), Some(Arg::Bool(false)))
-}
-
 fn val_bytes(g: &Graph, id: NodeId) -> Option<u64> {
     g.node(id).meta.val.as_ref().and_then(Val::nbytes)
 }
@@ -528,7 +530,7 @@ fn storage_bytes(
             })
             .or_else(|| val_bytes(g, id))
             .unwrap_or(0),
-        Some(CommOp::ReduceGrad) if sharded(n) => {
+        Some(CommOp::ReduceGrad) if comm::reduce_sharded(n) => {
             // One rank's shard, padded per element as the executor holds it.
             match &n.meta.val {
                 Some(Val::Tensor(t)) => t
