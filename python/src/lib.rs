@@ -12,6 +12,8 @@ use zerosched_api::request::{self, CheckRequest, Error, ScheduleRequest};
 use zerosched_passes::cost::{Collective, CostModel};
 use zerosched_passes::simulate::{SimOptions, simulate_program};
 
+mod run;
+
 create_exception!(
     zerosched,
     ZeroschedError,
@@ -203,5 +205,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(compute_costs, m)?)?;
     m.add_function(wrap_pyfunction!(collective_ms, m)?)?;
+    m.add_function(wrap_pyfunction!(run::run, m)?)?;
     Ok(())
 }

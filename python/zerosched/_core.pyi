@@ -57,3 +57,17 @@ def compute_costs(data: bytes, options: CostOptions | None = None) -> str:
 def collective_ms(kind: str, nbytes: int, options: CostOptions | None = None) -> float:
     """Time of one `all_gather`, `reduce_scatter` or `all_reduce` of `nbytes` (the full
     message), ms."""
+
+class RunOptions(TypedDict, total=False):
+    world_size: int
+    seed: int
+
+def run(
+    data: bytes, inputs: bytes, options: RunOptions | None = None
+) -> list[list[list[tuple[str, list[int], bytes] | None]]]:
+    """Runs a document on the CPU executor (`zerosched.run` wraps it with tensors).
+
+    `inputs` is a safetensors document (empty: every input drawn from the seed). Returns per
+    graph, per rank, each output as (dtype name, shape, little-endian elements: floating
+    dtypes in their own width, integers as int64, bool as one byte), or None.
+    """

@@ -188,6 +188,20 @@ impl Inputs {
         Ok(())
     }
 
+    /// Reads every tensor of a safetensors document held in memory (the Python binding's
+    /// inputs); `file` names it in messages.
+    pub fn load_safetensors(&mut self, bytes: &[u8], file: &str) -> Result<(), InputError> {
+        let tensors = safetensors_tensors(bytes).map_err(|message| InputError::File {
+            file: file.to_owned(),
+            message,
+        })?;
+        for (name, tensor) in tensors {
+            let file = file.to_owned();
+            self.given.insert(name, Given { tensor, file });
+        }
+        Ok(())
+    }
+
     /// Checks every given tensor against the program: it names a placeholder or parameter of
     /// some graph, with that graph's shape and dtype.
     pub fn check(&self, p: &Program) -> Result<(), InputError> {
@@ -299,8 +313,11 @@ fn read_npy(f: &Path) -> Result<Tensor, String> {
 
 /// Every tensor of a safetensors file, by name (little-endian data, as the format stores it).
 fn read_safetensors(f: &Path) -> Result<Vec<(String, Tensor)>, String> {
-    let bytes = std::fs::read(f).map_err(|e| e.to_string())?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| e.to_string())?;
+    safetensors_tensors(&std::fs::read(f).map_err(|e| e.to_string())?)
+}
+
+fn safetensors_tensors(bytes: &[u8]) -> Result<Vec<(String, Tensor)>, String> {
+    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
     st.iter()
         .map(|(name, v)| {
             decode(v.dtype(), v.shape(), v.data())

@@ -7,11 +7,11 @@ use ndarray::{ArrayD, IxDyn};
 use zerosched_exec::host::Tensor;
 use zerosched_ir::{Arg, Dtype};
 
-fn filled(shape: &[usize], value: f64, dtype: Dtype) -> Result<Tensor, String> {
+pub(crate) fn filled(shape: &[usize], value: f64, dtype: Dtype) -> Result<Tensor, String> {
     <f64 as zerosched_exec::host::Elem>::wrap(ArrayD::from_elem(IxDyn(shape), value), dtype)
 }
 
-fn kw_dtype(env: &Env<'_, Tensor>, fallback: Dtype) -> Dtype {
+pub(crate) fn kw_dtype(env: &Env<'_, Tensor>, fallback: Dtype) -> Dtype {
     match env.node().kwargs.get("dtype") {
         Some(Arg::Dtype(d)) => out_dtype(env, *d),
         _ => out_dtype(env, fallback),

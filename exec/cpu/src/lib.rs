@@ -7,13 +7,25 @@
 // `deny`, not `forbid`: ndarray's `s!` macro expands to an `allow(unsafe_code)` of its own.
 #![deny(unsafe_code)]
 
+mod activation;
+mod conv;
 mod create;
 mod elementwise;
+mod factories;
 mod index;
 mod linalg;
+mod logical;
+mod loss;
+mod masks;
 mod nn;
+mod norm;
+mod real;
 mod reduce;
+mod scatter;
 mod shape;
+mod softmax;
+#[cfg(test)]
+mod testkit;
 
 use ndarray::{ArrayD, IxDyn};
 use zerosched_exec::host::{self, Data, Tensor, map_data};
@@ -92,6 +104,44 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.scalar_tensor.default" => create::scalar_tensor,
         "aten.arange.start_step" | "aten.arange.start" | "aten.arange.default" => create::arange,
         "aten.empty_permuted.default" | "aten.empty.memory_format" => create::empty,
+        "aten.detach.default" | "aten.lift_fresh_copy.default" => e::clone,
+        "aten.relu.default" => activation::relu,
+        "aten.threshold_backward.default" => activation::threshold_backward,
+        "aten.gelu.default" => activation::gelu,
+        "aten.gelu_backward.default" => activation::gelu_backward,
+        "aten.silu.default" => activation::silu,
+        "aten.silu_backward.default" => activation::silu_backward,
+        "aten.erf.default" => activation::erf,
+        "aten.abs.default" => activation::abs,
+        "aten.minimum.default" => activation::minimum,
+        "aten.maximum.default" => activation::maximum,
+        "aten.logical_not.default" => logical::logical_not,
+        "aten.any.dim" | "aten.any.dims" | "aten.any.default" => logical::any,
+        "aten._safe_softmax.default" => softmax::safe_softmax,
+        "aten._softmax_backward_data.default" => softmax::softmax_backward,
+        "aten._log_softmax_backward_data.default" => softmax::log_softmax_backward,
+        "aten.nll_loss_forward.default" => loss::nll_loss_forward,
+        "aten.nll_loss_backward.default" => loss::nll_loss_backward,
+        "aten.native_layer_norm_backward.default" => norm::layer_norm_backward,
+        "aten.select.int" => scatter::select,
+        "aten.select_backward.default" => scatter::select_backward,
+        "aten.slice_backward.default" => scatter::slice_backward,
+        "aten.select_scatter.default" => scatter::select_scatter,
+        "aten.copy.default" => scatter::copy,
+        "aten.fill.Scalar" | "aten.fill.Tensor" => scatter::fill,
+        "aten.masked_fill.Scalar" | "aten.masked_fill.Tensor" => scatter::masked_fill,
+        "aten.embedding_dense_backward.default" => scatter::embedding_dense_backward,
+        "aten.zeros.default" => factories::zeros,
+        "aten.ones.default" => factories::ones,
+        "aten.zeros_like.default" => factories::zeros_like,
+        "aten.ones_like.default" => factories::ones_like,
+        "aten.new_zeros.default" => factories::new_zeros,
+        "aten.new_ones.default" => factories::new_ones,
+        "aten.new_full.default" => factories::new_full,
+        "aten.convolution.default" => conv::convolution,
+        "aten.convolution_backward.default" => conv::convolution_backward,
+        "aten.tril.default" => masks::tril,
+        "aten.triu.default" => masks::triu,
         "operator.getitem" => getitem,
         _ => return None,
     })

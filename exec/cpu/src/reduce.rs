@@ -83,6 +83,13 @@ pub fn cumsum(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let t = env.tensor(env.arg(0)?)?;
     let d = norm_dim(int(env.arg(1)?)?, t.shape().len())?;
     let dt = out_dtype(env, t.dtype);
+    // A 0-d tensor is one row of one element (an axis to iterate over, where ndarray has none).
+    let shape = t.shape().to_vec();
+    let t = &if shape.is_empty() {
+        t.reshape(&[1])?
+    } else {
+        t.clone()
+    };
     macro_rules! go {
         ($T:ty) => {{
             let mut a = <$T>::get(t).into_owned();
@@ -90,17 +97,24 @@ pub fn cumsum(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
             <$T>::wrap(a, dt)?
         }};
     }
-    one(match kind(dt)? {
+    let out = match kind(dt)? {
         Kind::F32 => go!(f32),
         Kind::F64 => go!(f64),
         _ => go!(i64),
-    })
+    };
+    one(out.reshape(&shape)?)
 }
 
 fn softmax_impl(env: &Env<'_, Tensor>, log: bool) -> Result<Value<Tensor>, String> {
     let t = env.tensor(env.arg(0)?)?;
     let d = norm_dim(int(env.arg(1)?)?, t.shape().len())?;
     let dt = out_dtype(env, t.dtype);
+    let shape = t.shape().to_vec();
+    let t = &if shape.is_empty() {
+        t.reshape(&[1])?
+    } else {
+        t.clone()
+    };
     macro_rules! go {
         ($T:ty) => {{
             let mut a = <$T>::get(t).into_owned();
@@ -118,11 +132,12 @@ fn softmax_impl(env: &Env<'_, Tensor>, log: bool) -> Result<Value<Tensor>, Strin
             <$T>::wrap(a, dt)?
         }};
     }
-    one(match kind(dt)? {
+    let out = match kind(dt)? {
         Kind::F64 => go!(f64),
         Kind::F32 => go!(f32),
         k => return Err(format!("softmax of a {k:?} tensor")),
-    })
+    };
+    one(out.reshape(&shape)?)
 }
 
 pub fn softmax(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {

@@ -106,7 +106,7 @@ pub fn expand(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
 }
 
 /// Python slice bounds on a dimension of size `n` (end clamped, negatives from the end).
-fn bounds(start: Option<i64>, end: Option<i64>, n: usize) -> (usize, usize) {
+pub(crate) fn bounds(start: Option<i64>, end: Option<i64>, n: usize) -> (usize, usize) {
     let n = n as i64;
     let fix = |v: i64| if v < 0 { (v + n).max(0) } else { v.min(n) };
     let s = fix(start.unwrap_or(0));
@@ -114,7 +114,7 @@ fn bounds(start: Option<i64>, end: Option<i64>, n: usize) -> (usize, usize) {
     (s as usize, e as usize)
 }
 
-fn opt_int(env: &Env<'_, Tensor>, i: usize, name: &str) -> Option<i64> {
+pub(crate) fn opt_int(env: &Env<'_, Tensor>, i: usize, name: &str) -> Option<i64> {
     env.arg_or_kw(i, name).and_then(|a| a.as_int())
 }
 
