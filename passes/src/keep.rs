@@ -151,11 +151,15 @@ fn rebucket(g: &mut Graph) {
     let set = |g: &mut Graph, id: NodeId, bucket: Option<i64>| {
         let n = g.node(id);
         let mut kwargs = zerosched_ir::Kwargs::default();
-        for (k, v) in n.kwargs.iter().filter(|(k, _)| k.as_str() != "bucket") {
+        for (k, v) in n
+            .kwargs
+            .iter()
+            .filter(|(k, _)| k.as_str() != zerosched_ir::comm::kw::BUCKET)
+        {
             kwargs.insert(k.clone(), v.clone());
         }
         if let Some(b) = bucket {
-            kwargs.insert("bucket", zerosched_ir::Arg::Int(b));
+            kwargs.insert(zerosched_ir::comm::kw::BUCKET, zerosched_ir::Arg::Int(b));
         }
         let args = n.args.clone();
         // Only keywords change, so every reference stays valid.
