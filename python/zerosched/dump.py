@@ -25,7 +25,7 @@ from typing import Any
 ENV = "ZEROSCHED_DUMP"
 
 #: Option keys and the flags of ``zerosched schedule`` that take them.
-_FLAGS = {"budget": "--budget", "world_size": "--world-size", "scheduler": "--scheduler"}
+_FLAGS = {"budget": "--budget", "memory": "--memory", "world_size": "--world-size", "scheduler": "--scheduler"}
 
 
 def resolve(dump: str | os.PathLike | None) -> "Dumper | None":
@@ -62,7 +62,7 @@ def command_args(options: dict, graph: str, output: str) -> list[str]:
     args = ["schedule", graph]
     for key, flag in _FLAGS.items():
         if options.get(key) is not None:
-            args += [flag, _budget(options[key]) if key == "budget" else str(options[key])]
+            args += [flag, _budget(options[key]) if key in ("budget", "memory") else str(options[key])]
     if options.get("cost") is not None:
         args += ["--cost", graph[: -len(".json")] + ".cost.json"]
     for name in options.get("disable", []):
