@@ -24,7 +24,6 @@ from __future__ import annotations
 import heapq
 import json
 import math
-import operator
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ import torch.distributed as dist
 import torch.fx as fx
 
 import zerosched
+from zerosched.rebuild import torch_target
 
 _FUNCOL = torch.ops._c10d_functional
 #: The document's name of an FX node (FX renames a node whose name shadows a builtin).
@@ -124,16 +124,8 @@ def _node_refs(d: dict) -> list[str]:
 def _target(name: str) -> Any:
     """The callable FX records: the aten/prims overload where there is one (the scheduler tells
     compute from the rest by it), else an opaque stand-in of the same name."""
-    if name == "operator.getitem":
-        return operator.getitem
-    ns, _, rest = name.partition(".")
-    if ns in ("aten", "prims") and rest.count(".") == 1:
-        op, overload = rest.split(".")
-        try:
-            return getattr(getattr(getattr(torch.ops, ns), op), overload)
-        except AttributeError:
-            pass
-    return _opaque(name)
+    t = torch_target(name)
+    return _opaque(name) if t is None else t
 
 
 _OPAQUE: dict[str, Callable] = {}

@@ -22,7 +22,9 @@ from zerosched._core import ZeroschedError
 _ZS = "zerosched."
 
 
-def _target(name: str, where: str) -> Any:
+def torch_target(name: str) -> Any | None:
+    """The callable a target name in fx-graph v1 stands for: ``operator.getitem`` or an
+    aten/prims overload; None for any other name."""
     if name == "operator.getitem":
         return operator.getitem
     ns, _, rest = name.partition(".")
@@ -32,7 +34,14 @@ def _target(name: str, where: str) -> Any:
             return getattr(getattr(getattr(torch.ops, ns), op), overload)
         except AttributeError:
             pass
-    raise ZeroschedError(f"{where}: target `{name}` is not an operator zerosched can run")
+    return None
+
+
+def _target(name: str, where: str) -> Any:
+    t = torch_target(name)
+    if t is None:
+        raise ZeroschedError(f"{where}: target `{name}` is not an operator zerosched can run")
+    return t
 
 
 def _as_permute(target: str, args: list, d: dict) -> tuple[str, list]:

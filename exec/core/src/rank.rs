@@ -48,6 +48,15 @@ struct Tables<T, P> {
     outputs: Vec<Option<T>>,
 }
 
+impl<T, P> Tables<T, P> {
+    /// Storage class `i` is allocated: `bytes` live from now, counted as gathered or not.
+    fn allocate(&mut self, i: usize, bytes: u64, gathered: bool) {
+        self.bytes[i] = bytes;
+        self.state[i] = State::Live;
+        self.counter.alloc(bytes, gathered);
+    }
+}
+
 /// What one graph left on one rank.
 pub(crate) struct RankGraph {
     pub outputs: Vec<Option<crate::host::Tensor>>,
@@ -181,9 +190,7 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
         let bytes = self.backend.nbytes(&v);
         w.values[id.index()] = Value::Tensor(v);
         if plan.class[id.index()] == id.index() as u32 {
-            w.bytes[id.index()] = bytes;
-            w.state[id.index()] = State::Live;
-            w.counter.alloc(bytes, false);
+            w.allocate(id.index(), bytes, false);
         }
         Ok(())
     }
@@ -216,9 +223,7 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
         };
         let i = id.index();
         w.values[i] = Value::Tensor(v);
-        w.bytes[i] = bytes;
-        w.state[i] = State::Live;
-        w.counter.alloc(bytes, true);
+        w.allocate(i, bytes, true);
         Ok(())
     }
 
@@ -271,9 +276,7 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
             self.comm.end_group()?;
         }
         w.pending[i] = Some(p);
-        w.bytes[i] = bytes;
-        w.state[i] = State::Live;
-        w.counter.alloc(bytes, true);
+        w.allocate(i, bytes, true);
         Ok(())
     }
 
@@ -371,9 +374,7 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
         let i = id.index();
         w.pending[i] = Some(p);
         if plan.class[i] == i as u32 {
-            w.bytes[i] = bytes;
-            w.state[i] = State::Live;
-            w.counter.alloc(bytes, false);
+            w.allocate(i, bytes, false);
         }
         Ok(())
     }
@@ -405,9 +406,7 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
                 Value::List(ts) => ts.iter().flatten().map(|t| self.backend.nbytes(t)).sum(),
                 _ => 0,
             };
-            w.bytes[i] = bytes;
-            w.state[i] = State::Live;
-            w.counter.alloc(bytes, false);
+            w.allocate(i, bytes, false);
         }
         w.values[i] = v;
         Ok(())

@@ -78,7 +78,7 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.split_with_sizes.default" => shape::split_with_sizes,
         "aten.split.Tensor" => shape::split,
         "aten.constant_pad_nd.default" => shape::constant_pad_nd,
-        "aten.slice_scatter.default" => shape::slice_scatter,
+        "aten.slice_scatter.default" => scatter::slice_scatter,
         "aten.sum.dim_IntList" | "aten.sum.default" => reduce::sum,
         "aten.mean.dim" => reduce::mean,
         "aten.cumsum.default" => reduce::cumsum,

@@ -129,6 +129,25 @@ pub fn select_scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     one(write(base, src, d, At::Index(i))?)
 }
 
+/// `slice_scatter(base, src, dim, start, end, step)`: `base` with `src` written over the slice.
+pub fn slice_scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let base = env.tensor(env.arg(0)?)?;
+    let src = env.tensor(env.arg(1)?)?;
+    let d = norm_dim(opt_int(env, 2, "dim").unwrap_or(0), base.shape().len())?;
+    let (s, e) = bounds(
+        opt_int(env, 3, "start"),
+        opt_int(env, 4, "end"),
+        size_of(base.shape(), d)?,
+    );
+    let step = opt_int(env, 5, "step").unwrap_or(1).max(1) as isize;
+    one(write(
+        base,
+        src,
+        d,
+        At::Slice(Slice::new(s as isize, Some(e as isize), step)),
+    )?)
+}
+
 /// `copy(dst, src, non_blocking)`: `src` broadcast to `dst`'s shape, in `dst`'s dtype.
 pub fn copy(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let dst = env.tensor(env.arg(0)?)?;

@@ -627,19 +627,14 @@ fn matmul(g: &mut Gpu, rows: &mut Vec<Row>) -> Result<()> {
     for _ in 0..3 {
         g.blas.gemm(&gm, a.ptr, b.ptr, c.ptr)?;
     }
-    let start = g.dev.timing_event(StreamKind::Compute)?;
     let reps = 20;
-    for _ in 0..reps {
-        g.blas.gemm(&gm, a.ptr, b.ptr, c.ptr)?;
-    }
-    let end = g.dev.timing_event(StreamKind::Compute)?;
-    end.synchronize()
-        .map_err(CudaError::driver("cuEventSynchronize"))?;
-    let ms = f64::from(
-        start
-            .elapsed_ms(&end)
-            .map_err(CudaError::driver("cuEventElapsedTime"))?,
-    ) / reps as f64;
+    let (total, ()) = g.dev.time_ms(StreamKind::Compute, || {
+        for _ in 0..reps {
+            g.blas.gemm(&gm, a.ptr, b.ptr, c.ptr)?;
+        }
+        Ok(())
+    })?;
+    let ms = total / reps as f64;
     let tflops = 2.0 * (s as f64).powi(3) / (ms * 1e-3) / 1e12;
     rows.push(Row {
         check: "matmul 8192³ bf16 rate".into(),
@@ -680,18 +675,11 @@ fn pool(g: &mut Gpu, rows: &mut Vec<Row>) -> Result<()> {
     // the compute stream, makes the compute stream wait for the spin.
     let spin_ns = 3_000_000;
     let w = g.pool.alloc(1 << 20, StreamKind::Comm)?;
-    let start = g.dev.timing_event(StreamKind::Compute)?;
-    g.k.spin(spin_ns, StreamKind::Comm)?;
-    g.pool.free(w, &[StreamKind::Comm])?;
-    let again = g.pool.alloc(1 << 20, StreamKind::Compute)?;
-    let end = g.dev.timing_event(StreamKind::Compute)?;
-    end.synchronize()
-        .map_err(CudaError::driver("cuEventSynchronize"))?;
-    let waited = f64::from(
-        start
-            .elapsed_ms(&end)
-            .map_err(CudaError::driver("cuEventElapsedTime"))?,
-    );
+    let (waited, again) = g.dev.time_ms(StreamKind::Compute, || {
+        g.k.spin(spin_ns, StreamKind::Comm)?;
+        g.pool.free(w, &[StreamKind::Comm])?;
+        g.pool.alloc(1 << 20, StreamKind::Compute)
+    })?;
     rows.push(Row {
         check: "pool cross-stream reuse waits".into(),
         detail: format!(

@@ -4,7 +4,7 @@
 //! compute figures left at their defaults.
 
 use crate::device::{Device, StreamKind};
-use crate::error::{CudaError, Result};
+use crate::error::Result;
 use crate::kernels::source::Elem;
 use crate::nccl::Comm;
 use crate::pool::Pool;
@@ -58,18 +58,13 @@ pub fn measure(
             for _ in 0..WARMUP {
                 run()?;
             }
-            let start = dev.timing_event(StreamKind::Comm)?;
-            for _ in 0..REPS {
-                run()?;
-            }
-            let end = dev.timing_event(StreamKind::Comm)?;
-            end.synchronize()
-                .map_err(CudaError::driver("cuEventSynchronize"))?;
-            let ms = f64::from(
-                start
-                    .elapsed_ms(&end)
-                    .map_err(CudaError::driver("cuEventElapsedTime"))?,
-            ) / REPS as f64;
+            let (total, ()) = dev.time_ms(StreamKind::Comm, || {
+                for _ in 0..REPS {
+                    run()?;
+                }
+                Ok(())
+            })?;
+            let ms = total / REPS as f64;
             let points = match kind {
                 Collective::AllGather => &mut table.all_gather,
                 Collective::ReduceScatter => &mut table.reduce_scatter,

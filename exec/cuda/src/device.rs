@@ -114,6 +114,20 @@ impl Device {
             .map_err(CudaError::driver("cuEventRecord"))
     }
 
+    /// Milliseconds the GPU spent on stream `k` between two events around `work` (which may
+    /// queue work on other streams that `k` waits for), waited for on the host.
+    pub fn time_ms<T>(&self, k: StreamKind, work: impl FnOnce() -> Result<T>) -> Result<(f64, T)> {
+        let start = self.timing_event(k)?;
+        let out = work()?;
+        let end = self.timing_event(k)?;
+        end.synchronize()
+            .map_err(CudaError::driver("cuEventSynchronize"))?;
+        let ms = start
+            .elapsed_ms(&end)
+            .map_err(CudaError::driver("cuEventElapsedTime"))?;
+        Ok((f64::from(ms), out))
+    }
+
     /// Makes `waiter` wait for the work queued on `on` so far (no host blocking).
     pub fn join(&self, waiter: StreamKind, on: StreamKind) -> Result<()> {
         let e = self.record(on)?;

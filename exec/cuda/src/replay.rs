@@ -58,15 +58,8 @@ impl Spin {
 
 /// Event-timed nanoseconds of one spin of `ns` on the compute stream.
 pub fn measure_ns(dev: &Device, k: &mut Kernels, ns: i64) -> Result<f64> {
-    let start = dev.timing_event(StreamKind::Compute)?;
-    k.spin(ns, StreamKind::Compute)?;
-    let end = dev.timing_event(StreamKind::Compute)?;
-    end.synchronize()
-        .map_err(CudaError::driver("cuEventSynchronize"))?;
-    let ms = start
-        .elapsed_ms(&end)
-        .map_err(CudaError::driver("cuEventElapsedTime"))?;
-    Ok(f64::from(ms) * 1e6)
+    let (ms, ()) = dev.time_ms(StreamKind::Compute, || k.spin(ns, StreamKind::Compute))?;
+    Ok(ms * 1e6)
 }
 
 #[cfg(test)]
