@@ -676,8 +676,8 @@ def main(argv=None) -> list[dict]:
                        **go(dict(kind="build", device=args.device), "deepcompile-op-build")}
                 print(f"DeepCompile's op: {json.dumps(rec)}", flush=True)
                 record(rec)
-            memory, why = _budget(args.zerosched_memory), ""
-            if config == "zerosched-memory" and str(memory).startswith("match:"):
+            memory, why = (_budget(args.zerosched_memory) if config == "zerosched-memory" else None), ""
+            if str(memory).startswith("match:"):
                 memory, why = matched_memory(rows, model, memory.split(":", 1)[1])
             if mb is None:
                 why = found.get("error") or "none fits"
