@@ -1,5 +1,5 @@
 //! Indexing: embedding, advanced indexing with leading index tensors (`index`, `index_put`),
-//! `gather` and `scatter`. Indices are checked (an index out of range is an error naming it,
+//! `gather`, `scatter`, `scatter_add` and `index_select`. Indices are checked (an index out of range is an error naming it,
 //! never a panic); negative indices count from the end as in torch.
 
 use super::elementwise::bcast_shape;
@@ -203,8 +203,9 @@ pub fn gather(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     one(on_kind!(x, T, a => go::<T>(a, d, &idx)?))
 }
 
-/// `scatter.value(self, dim, index, value)` and `scatter.src(self, dim, index, src)`.
-pub fn scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+/// `scatter.value(self, dim, index, value)`, `scatter.src(self, dim, index, src)` and
+/// `scatter_add(self, dim, index, src)` (accumulating, in index order).
+fn scatter_into(env: &Env<'_, Tensor>, acc: bool) -> Result<Value<Tensor>, String> {
     let x = env.tensor(env.arg(0)?)?;
     let d = norm_dim(int(env.arg(1)?)?, x.shape().len())?;
     let idx = i64::get(env.tensor(env.arg(2)?)?);
@@ -216,14 +217,25 @@ pub fn scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
             x.dtype,
         )?,
     };
-    fn go<T: Elem>(
+    fn go<T: Acc>(
         a: &Arr<T>,
         d: usize,
         idx: &Arr<i64>,
         src: &Arr<T>,
+        acc: bool,
     ) -> Result<ArrayD<T>, String> {
-        let n = a.shape()[d];
         let mut out = a.to_owned();
+        if a.ndim() == 0 {
+            // A 0-d tensor is one element along its only (implicit) dimension.
+            for &i in idx.iter() {
+                fix(i, 1)?;
+                let v = *src.first().ok_or("scatter: empty src")?;
+                let o = out.first_mut().ok_or("scatter: empty input")?;
+                *o = if acc { o.acc(v) } else { v };
+            }
+            return Ok(out);
+        }
+        let n = a.shape()[d];
         let scalar = src.ndim() == 0;
         for (p, &i) in idx.indexed_iter() {
             let v = if scalar {
@@ -233,10 +245,52 @@ pub fn scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
             };
             let mut q: Vec<usize> = p.slice().to_vec();
             q[d] = fix(i, n)?;
-            *out.get_mut(q.as_slice())
-                .ok_or("scatter: index outside the input")? = v;
+            let o = out
+                .get_mut(q.as_slice())
+                .ok_or("scatter: index outside the input")?;
+            *o = if acc { o.acc(v) } else { v };
         }
         Ok(out)
     }
-    one(on_kind!(x, T, a => go::<T>(a, d, &idx, &T::get(&src_t))?))
+    one(on_kind!(x, T, a => go::<T>(a, d, &idx, &T::get(&src_t), acc)?))
+}
+
+pub fn scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    scatter_into(env, false)
+}
+
+pub fn scatter_add(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    scatter_into(env, true)
+}
+
+/// `index_select(self, dim, index)`: the entries of `index` (0-d or 1-d) along `dim`.
+pub fn index_select(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let x = env.tensor(env.arg(0)?)?;
+    let it = env.tensor(env.arg(2)?)?;
+    if it.shape().len() > 1 {
+        return Err(format!(
+            "index_select: index of shape {:?} (0-d or 1-d only)",
+            it.shape()
+        ));
+    }
+    let rank = x.shape().len();
+    let d = norm_dim(int(env.arg(1)?)?, rank)?;
+    let base = if rank == 0 {
+        x.reshape(&[1])?
+    } else {
+        x.clone()
+    };
+    let n = base.shape()[d];
+    let idx: Vec<usize> = i64::get(it)
+        .iter()
+        .map(|&i| fix(i, n))
+        .collect::<Result<_, _>>()?;
+    let out =
+        zerosched_exec::host::map_data!(&base, a => a.select(ndarray::Axis(d), &idx).into_shared());
+    let shape = if rank == 0 {
+        it.shape().to_vec()
+    } else {
+        out.shape().to_vec()
+    };
+    one(out.reshape(&shape)?)
 }
