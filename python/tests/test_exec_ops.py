@@ -187,3 +187,40 @@ def test_random_op_values_are_in_range_and_keyed_by_node_name():
     again = _run(gm, [x])[0][0]
     assert all(torch.equal(a, b) for a, b in zip((rand, randn, bern, randint, mask), again))
     assert not torch.equal(rand, randn)  # each node its own stream
+
+
+DIRECT = {
+    # elu's backward from its result (what an in-place elu saves, functionalized)
+    "elu_backward is_result": lambda g, x: aten.elu_backward(g, 0.7, 1.5, 0.5, True, aten.elu(x, 0.7, 1.5, 0.5)),
+    "leaky_relu_backward is_result": lambda g, x: aten.leaky_relu_backward(g, aten.leaky_relu(x, 0.1), 0.1, True),
+    "clamp.Tensor one bound": lambda g, x: aten.clamp.Tensor(x, None, g),
+    "pow.Scalar": lambda g, x: aten.pow.Scalar(2.5, x),
+    "argmax flat keepdim": lambda g, x: aten.argmax(x, None, True),
+    "index_put accumulate": lambda g, x: aten.index_put(x, [torch.tensor([0, 2, 0])], g[:3], True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIRECT))
+def test_direct_calls_match_eager(name):
+    torch.manual_seed(0)
+    g, x = torch.randn(4, 5, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    from test_opinfo import _lift_constants
+
+    def f(g, x):
+        return (DIRECT[name](g, x),)
+
+    gm = make_fx(f)(g, x)
+    got = _run(gm, [g, x, *_lift_constants(gm)])[0][0]
+    for a, b in zip(got, f(g, x), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_assert_async_passes_a_true_value_and_names_a_false_one():
+    def f(x):
+        aten._assert_async.msg(aten.any(x), "x has a nonzero element")
+        return (x * 2,)
+
+    gm = make_fx(f)(torch.ones(3))
+    assert _run(gm, [torch.ones(3)])[0][0][0].tolist() == [2.0, 2.0, 2.0]
+    with pytest.raises(zerosched.ZeroschedError, match="_assert_async.*x has a nonzero element"):
+        _run(gm, [torch.zeros(3)])

@@ -8,28 +8,59 @@ use ndarray::{ArrayD, Dimension, IxDyn};
 use zerosched_exec::host::{Arr, Data, Elem, Tensor};
 use zerosched_ir::{Arg, NodeId};
 
-/// Accumulation for `index_put(accumulate=True)`.
+/// Accumulation for `index_put(accumulate=True)` and the scatter reductions.
 trait Acc: Elem {
     fn acc(self, other: Self) -> Self;
+    fn prod(self, other: Self) -> Self;
 }
 impl Acc for f32 {
     fn acc(self, o: f32) -> f32 {
         self + o
+    }
+    fn prod(self, o: f32) -> f32 {
+        self * o
     }
 }
 impl Acc for f64 {
     fn acc(self, o: f64) -> f64 {
         self + o
     }
+    fn prod(self, o: f64) -> f64 {
+        self * o
+    }
 }
 impl Acc for i64 {
     fn acc(self, o: i64) -> i64 {
         self.wrapping_add(o)
     }
+    fn prod(self, o: i64) -> i64 {
+        self.wrapping_mul(o)
+    }
 }
 impl Acc for bool {
     fn acc(self, o: bool) -> bool {
         self | o
+    }
+    fn prod(self, o: bool) -> bool {
+        self & o
+    }
+}
+
+/// How a scatter combines a source value with the element it lands on.
+#[derive(Clone, Copy)]
+enum Combine {
+    Set,
+    Add,
+    Multiply,
+}
+
+impl Combine {
+    fn apply<T: Acc>(self, old: T, v: T) -> T {
+        match self {
+            Combine::Set => v,
+            Combine::Add => old.acc(v),
+            Combine::Multiply => old.prod(v),
+        }
     }
 }
 
@@ -203,9 +234,10 @@ pub fn gather(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     one(on_kind!(x, T, a => go::<T>(a, d, &idx)?))
 }
 
-/// `scatter.value(self, dim, index, value)`, `scatter.src(self, dim, index, src)` and
-/// `scatter_add(self, dim, index, src)` (accumulating, in index order).
-fn scatter_into(env: &Env<'_, Tensor>, acc: bool) -> Result<Value<Tensor>, String> {
+/// `scatter.value(self, dim, index, value)`, `scatter.src(self, dim, index, src)`, their
+/// `reduce=` forms (`'add'`, `'multiply'`) and `scatter_add(self, dim, index, src)`
+/// (combining in index order).
+fn scatter_into(env: &Env<'_, Tensor>, how: Combine) -> Result<Value<Tensor>, String> {
     let x = env.tensor(env.arg(0)?)?;
     let d = norm_dim(int(env.arg(1)?)?, x.shape().len())?;
     let idx = i64::get(env.tensor(env.arg(2)?)?);
@@ -222,7 +254,7 @@ fn scatter_into(env: &Env<'_, Tensor>, acc: bool) -> Result<Value<Tensor>, Strin
         d: usize,
         idx: &Arr<i64>,
         src: &Arr<T>,
-        acc: bool,
+        how: Combine,
     ) -> Result<ArrayD<T>, String> {
         let mut out = a.to_owned();
         if a.ndim() == 0 {
@@ -231,7 +263,7 @@ fn scatter_into(env: &Env<'_, Tensor>, acc: bool) -> Result<Value<Tensor>, Strin
                 fix(i, 1)?;
                 let v = *src.first().ok_or("scatter: empty src")?;
                 let o = out.first_mut().ok_or("scatter: empty input")?;
-                *o = if acc { o.acc(v) } else { v };
+                *o = how.apply(*o, v);
             }
             return Ok(out);
         }
@@ -248,19 +280,29 @@ fn scatter_into(env: &Env<'_, Tensor>, acc: bool) -> Result<Value<Tensor>, Strin
             let o = out
                 .get_mut(q.as_slice())
                 .ok_or("scatter: index outside the input")?;
-            *o = if acc { o.acc(v) } else { v };
+            *o = how.apply(*o, v);
         }
         Ok(out)
     }
-    one(on_kind!(x, T, a => go::<T>(a, d, &idx, &T::get(&src_t), acc)?))
+    one(on_kind!(x, T, a => go::<T>(a, d, &idx, &T::get(&src_t), how)?))
 }
 
 pub fn scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
-    scatter_into(env, false)
+    let how = match env.arg_or_kw(4, "reduce") {
+        None | Some(Arg::None) => Combine::Set,
+        Some(Arg::Str(s)) if s == "add" => Combine::Add,
+        Some(Arg::Str(s)) if s == "multiply" => Combine::Multiply,
+        Some(a) => {
+            return Err(format!(
+                "scatter: reduce={a:?} is neither 'add' nor 'multiply'"
+            ));
+        }
+    };
+    scatter_into(env, how)
 }
 
 pub fn scatter_add(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
-    scatter_into(env, true)
+    scatter_into(env, Combine::Add)
 }
 
 /// `index_select(self, dim, index)`: the entries of `index` (0-d or 1-d) along `dim`.
@@ -287,8 +329,9 @@ pub fn index_select(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         .collect::<Result<_, _>>()?;
     let out =
         zerosched_exec::host::map_data!(&base, a => a.select(ndarray::Axis(d), &idx).into_shared());
+    // A 0-d input gives a 0-d result, whatever the index's rank.
     let shape = if rank == 0 {
-        it.shape().to_vec()
+        Vec::new()
     } else {
         out.shape().to_vec()
     };

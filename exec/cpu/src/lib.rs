@@ -69,6 +69,7 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.reciprocal.default" => e::reciprocal,
         "aten.log.default" => e::log,
         "aten.pow.Tensor_Scalar" => e::pow_scalar,
+        "aten.pow.Tensor_Tensor" | "aten.pow.Scalar" => e::pow_tensor,
         "aten._to_copy.default" | "prims.convert_element_type.default" => e::to_copy,
         "aten.clone.default" | "aten.alias.default" => e::clone,
         "aten.view.default" | "aten._unsafe_view.default" | "aten.reshape.default" => shape::view,
@@ -85,7 +86,7 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.constant_pad_nd.default" => shape::constant_pad_nd,
         "aten.slice_scatter.default" => scatter::slice_scatter,
         "aten.sum.dim_IntList" | "aten.sum.default" => reduce::sum,
-        "aten.mean.dim" => reduce::mean,
+        "aten.mean.dim" | "aten.mean.default" => reduce::mean,
         "aten.cumsum.default" => reduce::cumsum,
         "aten._softmax.default" => reduce::softmax,
         "aten._log_softmax.default" => reduce::log_softmax,
@@ -109,7 +110,10 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.index.Tensor" => index::index,
         "aten.index_put.default" => index::index_put,
         "aten.gather.default" => index::gather,
-        "aten.scatter.value" | "aten.scatter.src" => index::scatter,
+        "aten.scatter.value"
+        | "aten.scatter.src"
+        | "aten.scatter.reduce"
+        | "aten.scatter.value_reduce" => index::scatter,
         "aten.scatter_add.default" => index::scatter_add,
         "aten.index_select.default" => index::index_select,
         "aten.cumprod.default" => reduce::cumprod,
@@ -200,7 +204,7 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.embedding_dense_backward.default" => scatter::embedding_dense_backward,
         "aten.zeros.default" => factories::zeros,
         "aten.ones.default" => factories::ones,
-        "aten.zeros_like.default" => factories::zeros_like,
+        "aten.zeros_like.default" | "aten.empty_like.default" => factories::zeros_like,
         "aten.ones_like.default" => factories::ones_like,
         "aten.new_zeros.default" => factories::new_zeros,
         "aten.new_ones.default" => factories::new_ones,

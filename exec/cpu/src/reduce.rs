@@ -13,6 +13,13 @@ fn dims_of(a: Option<&Arg<zerosched_ir::NodeId>>, rank: usize) -> Result<Vec<usi
         None | Some(Arg::None) => Vec::new(),
         Some(a) => ints(a)?,
     };
+    if rank == 0 {
+        // A 0-d tensor has no dimension to reduce (torch accepts dim 0 and -1 for it).
+        for &d in &list {
+            norm_dim(d, rank)?;
+        }
+        return Ok(Vec::new());
+    }
     let mut dims: Vec<usize> = if list.is_empty() {
         (0..rank).collect()
     } else {
