@@ -1,20 +1,22 @@
 """Differential tests of the CPU executor against PyTorch eager, on PyTorch's own per-op
-sample inputs (OpInfo `op_db`): each sample is traced to an aten graph (make_fx, no
-decompositions), written as a one-graph fx-graph v1 document by the exporter's serialisation,
-run through `zerosched.run`, and compared with eager with `torch.testing.assert_close`'s
-per-dtype tolerances.
+sample inputs (OpInfo `op_db`) for every claimed op OpInfo has an entry for: each sample is
+traced to an aten graph (make_fx, no decompositions; its tensor constants become placeholders
+given their values), written as a one-graph fx-graph v1 document by the exporter's
+serialisation, run through `zerosched.run`, and compared with eager with
+`torch.testing.assert_close`'s per-dtype tolerances.
 
 At most `CAP` samples per op and dtype, to keep the run in seconds; tolerances are the op's
 declared `toleranceOverride`s where it has them, else assert_close's per-dtype defaults. A
 sample whose graph holds an op the executor does not claim is refused by name, one of a dtype a
-kernel does not compute (integer convolution) is refused naming it, and one the exporter cannot
-write (tensor constants, non-tensor outputs) is skipped; all three are counted, not compared.
-The backward ops, which OpInfo has no entries for, are traced through autograd of their forward
-in float64 and compared the same way (`test_backward_op_matches_eager`). Every sample that runs
-must match; the documented deviations are the order of equal keys in
-`sort` / `topk` indices (checked to select the same keys), and bf16 results where torch's kernel
+kernel does not compute (integer convolution) or an argument form it refuses (boolean-mask
+indices) is refused naming it, and one the exporter cannot write is skipped; these are counted,
+not compared. The backward ops, which OpInfo has no entries for, are traced through autograd
+of their forward in float64 and compared the same way (`test_backward_op_matches_eager`).
+Every sample that runs must match; the documented deviations are the order of equal keys in
+`sort` / `topk` indices (checked to select the same keys), bf16 results where torch's kernel
 rounds an intermediate to bf16 (checked equal to eager on f32 inputs rounded once, the
-executor's rule).
+executor's rule), the random ops (the executor's rule, checked for the values each may take)
+and `empty` (uninitialized in torch; checked for shape and dtype).
 
 `python python/tests/test_opinfo.py` prints the per-op table of docs/exec.md.
 """
@@ -26,6 +28,7 @@ import unittest
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
@@ -48,17 +51,53 @@ from torch.testing._internal.common_methods_invocations import op_db  # noqa: E4
 CAP = 4
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool]
 
-# OpInfo names whose aten ops the executor claims.
+# OpInfo names (with their variant, as `name.variant`) whose aten ops the executor claims: every
+# op of the CPU backend's table that OpInfo has an entry for.
 OPS = [
-    "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu", "erf", "abs", "minimum",
-    "maximum", "logical_not", "any", "softmax", "log_softmax", "nn.functional.nll_loss",
-    "nn.functional.layer_norm", "select", "select_scatter", "slice_scatter", "masked_fill",
-    "zeros_like", "ones_like", "new_zeros", "new_ones", "new_full", "fill",
-    "nn.functional.conv2d", "nn.functional.embedding", "where", "cumsum", "gather", "topk",
-    "sort", "tril", "triu",
+    # elementwise arithmetic, comparisons, math, casts
+    "add", "sub", "mul", "div.no_rounding_mode", "div.trunc_rounding", "div.floor_rounding",
+    "eq", "ne", "le", "lt", "ge", "gt", "bitwise_and", "bitwise_or", "where", "neg", "exp", "cos",
+    "sin", "rsqrt", "sqrt", "sigmoid", "tanh", "reciprocal", "log", "pow", "erf", "abs", "minimum",
+    "maximum", "clamp", "clamp_min", "clamp_max", "logical_not", "logical_and", "logical_or",
+    "logical_xor", "to", "clone",
+    # activations
+    "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu", "nn.functional.hardswish",
+    "nn.functional.softplus", "nn.functional.leaky_relu", "nn.functional.elu",
+    "nn.functional.hardtanh",
+    # views and shapes
+    "view", "reshape", "unsqueeze", "squeeze", "squeeze.multiple", "permute", "t", "transpose",
+    "expand", "narrow", "cat", "split", "split_with_sizes", "nn.functional.pad.constant",
+    "select", "select_scatter", "slice_scatter", "tril", "triu",
+    # reductions and sorting
+    "sum", "mean", "any", "cumsum", "cumprod", "argmax", "argmin", "softmax", "log_softmax",
+    "topk", "sort", "histc",
+    # linear algebra, indexing, scatter
+    "mm", "bmm", "addmm", "nn.functional.embedding", "__getitem__", "index_put", "index_select",
+    "gather", "scatter", "scatter_add", "masked_fill",
+    # factories
+    "zeros_like", "ones_like", "new_zeros", "new_ones", "new_full", "full_like", "fill",
+    "arange", "zeros", "ones", "empty", "scalar_tensor",
+    # fused nn ops and losses
+    "nn.functional.layer_norm", "nn.functional.batch_norm", "nn.functional.group_norm",
+    "nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.max_pool2d",
+    "nn.functional.avg_pool2d", "nn.functional.adaptive_avg_pool2d",
+    "nn.functional.scaled_dot_product_attention", "nn.functional.nll_loss",
+    "nn.functional.mse_loss", "nn.functional.smooth_l1_loss",
+    "nn.functional.binary_cross_entropy_with_logits",
+    # random ops: the executor's rule, not torch's stream (docs/exec.md)
+    "nn.functional.dropout", "bernoulli", "rand_like", "randn_like", "randint_like",
 ]
 
-_BY_NAME = {o.name: o for o in op_db if o.variant_test_name == ""}
+# Ops whose values come from torch's generator: checked for shape, dtype and the values each
+# can take, not against eager's draws.
+RANDOM = {"nn.functional.dropout", "bernoulli", "rand_like", "randn_like", "randint_like"}
+# Ops whose result torch leaves uninitialized: checked for shape and dtype only.
+UNINITIALIZED = {"empty"}
+# A typed refusal of an argument form the kernel does not compute (attention dropout,
+# transposed convolution, boolean-mask indices, ...): counted, not compared.
+REFUSED_ARGUMENT = re.compile(r"not supported|not implemented|only\b|\(only")
+
+_BY_NAME = {o.name + (f".{o.variant_test_name}" if o.variant_test_name else ""): o for o in op_db}
 
 
 def _case(op, sample):
@@ -68,7 +107,7 @@ def _case(op, sample):
     slots = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     tensors = [leaves[i] for i in slots]
 
-    def f(*ts):
+    def f(*ts):  # extra arguments (lifted constants) are ignored
         ls = list(leaves)
         for i, t in zip(slots, ts):
             ls[i] = t
@@ -77,7 +116,30 @@ def _case(op, sample):
         return tuple(x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor))
 
     want = f(*tensors)
-    return make_fx(f)(*tensors), tensors, want, f
+    gm = make_fx(f)(*tensors)
+    return gm, tensors + _lift_constants(gm), want, f
+
+
+def _lift_constants(gm):
+    """The trace's tensor constants (an index list a sample spells as a literal) made into
+    placeholders after the others, and their values: the executor draws every input a run does
+    not give, and a constant is not an input one can give."""
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    anchor = phs[-1] if phs else None
+    values = []
+    for n in list(gm.graph.nodes):
+        if n.op != "get_attr" or not isinstance(getattr(gm, n.target), torch.Tensor):
+            continue
+        at = gm.graph.inserting_after(anchor) if anchor is not None else gm.graph.inserting_before(next(iter(gm.graph.nodes)))
+        with at:
+            ph = gm.graph.placeholder(f"{n.name}_value")
+        ph.meta = dict(n.meta)
+        n.replace_all_uses_with(ph)
+        gm.graph.erase_node(n)
+        values.append(getattr(gm, n.target))
+        anchor = ph
+    gm.recompile()
+    return values
 
 
 def _in_f32(f, tensors, dtype):
@@ -117,10 +179,40 @@ def _same_keys(op, sample, got, want):
                                equal_nan=True)
 
 
+def _random_values(name, sample, g, w, targets):
+    """What the executor's draws must satisfy, where eager's draws are not the reference."""
+    assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
+    v = g.double()
+    if name == "rand_like" and "aten.randn_like.default" in targets:
+        name = "randn_like"  # OpInfo's `rand_like` entry calls randn_like
+    if name == "bernoulli":
+        assert set(v.unique().tolist()) <= {0.0, 1.0}
+    elif name == "rand_like":
+        assert bool(((v >= 0) & (v < 1)).all())
+    elif name == "randn_like":
+        assert bool(v.isfinite().all())
+    elif name == "randint_like":
+        ints = [a for a in sample.args if isinstance(a, int)]
+        lo, hi = (0, ints[0]) if len(ints) == 1 else (ints[0], ints[1])
+        assert bool(((v >= lo) & (v < hi)).all()), (lo, hi, v)
+    elif name == "nn.functional.dropout":
+        x = sample.input.double()
+        p = sample.kwargs.get("p", sample.args[0] if sample.args else 0.5)
+        if not sample.kwargs.get("training", True) or p == 0:
+            torch.testing.assert_close(g, w)
+        elif p == 1:
+            assert not bool(v.any())
+        else:
+            kept = torch.isclose(v, x / (1 - p), rtol=1e-2, atol=1e-6, equal_nan=True)
+            assert bool((kept | (v == 0)).all())
+
+
 def _check(op, sample):
     """'pass', 'tie order' (sort/topk indices differing only among equal keys), 'bf16 rounded
-    once' (equal to eager computed in f32 and rounded, where torch's bf16 kernel is not), 'refused',
-    'refused dtype', 'skipped', or raises on a mismatch."""
+    once' (equal to eager computed in f32 and rounded, where torch's bf16 kernel is not),
+    'random' (a random op's draws checked for what they may be), 'uninitialized' (shape and
+    dtype), 'refused', 'refused dtype', 'refused argument', 'skipped', or raises on a
+    mismatch."""
     try:
         gm, tensors, want, f = _case(op, sample)
         doc = graph_to_doc(gm, kind="inference")
@@ -136,8 +228,16 @@ def _check(op, sample):
             return "refused"
         if re.search(r"of a (I64|Bool) tensor", str(e)):
             return "refused dtype"
+        if REFUSED_ARGUMENT.search(str(e)):
+            return "refused argument"
         raise
     assert len(got) == len(want)
+    if op.name in RANDOM or op.name in UNINITIALIZED:
+        for g, w in zip(got, want):
+            if op.name in RANDOM:
+                _random_values(op.name, sample, g, w, {str(n.target) for n in gm.graph.nodes})
+            assert g.shape == w.shape and g.dtype == w.dtype
+        return "random" if op.name in RANDOM else "uninitialized"
     tol = _tolerance(op, sample.input.dtype if isinstance(sample.input, torch.Tensor) else None)
     kw = {} if tol is None else {"atol": tol[0], "rtol": tol[1]}
     result = "pass"
@@ -183,7 +283,7 @@ def results(name):
 @pytest.mark.parametrize("name", OPS)
 def test_op_matches_eager(name):
     counts = results(name)
-    ran = sum(counts.get(k, 0) for k in ("pass", "tie order", "bf16 rounded once"))
+    ran = sum(counts.get(k, 0) for k in RAN)
     assert ran > 0, f"{name}: no sample ran ({counts})"
 
 
@@ -194,13 +294,20 @@ def test_unclaimed_op_is_refused_by_name():
         zerosched.run(dumps_graph(doc).encode(), {})
 
 
+# The outcomes that ran and were checked, then those counted only; the table's columns.
+RAN = ("pass", "tie order", "bf16 rounded once", "random", "uninitialized")
+COLUMNS = {
+    "pass": "passed", "tie order": "ties ordered otherwise", "bf16 rounded once": "bf16 rounded once",
+    "random": "random: checked", "uninitialized": "uninitialized: shape", "refused": "refused: op",
+    "refused dtype": "refused: dtype", "refused argument": "refused: argument", "skipped": "not exportable",
+}
+
 if __name__ == "__main__":
-    print("| OpInfo op | samples tried | passed | ties ordered otherwise | bf16 rounded once | refused: op | refused: dtype | not exportable |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| OpInfo op | samples tried | " + " | ".join(COLUMNS.values()) + " |")
+    print("|---" * (len(COLUMNS) + 2) + "|")
     for name in OPS:
         c = results(name)
-        cols = [c.get(k, 0) for k in ("pass", "tie order", "bf16 rounded once", "refused", "refused dtype", "skipped")]
-        print(f"| `{name}` | {sum(c.values())} | " + " | ".join(map(str, cols)) + " |")
+        print(f"| `{name}` | {sum(c.values())} | " + " | ".join(str(c.get(k, 0)) for k in COLUMNS) + " |")
 
 
 def _grad_case(fn, *shapes):
@@ -230,10 +337,37 @@ BACKWARD = {
     "slice_backward": lambda x: x[:, 1:4:2] * 3,
     # 4 input channels in 2 groups, stride and padding.
     "convolution_backward": lambda x, w, b: torch.nn.functional.conv2d(x, w, b, stride=2, padding=1, groups=2),
+    "hardswish_backward": lambda x: F.hardswish(x * 4) * x,
+    "softplus_backward": lambda x: F.softplus(x * 8, beta=2, threshold=5) * x,
+    "leaky_relu_backward": lambda x: F.leaky_relu(x, 0.2) * x,
+    "elu_backward": lambda x: F.elu(x, alpha=0.7) * x,
+    "hardtanh_backward": lambda x: F.hardtanh(x * 2, -0.5, 1.0) * x,
+    "sigmoid_backward": lambda x: torch.sigmoid(x) * x,
+    "tanh_backward": lambda x: torch.tanh(x) * x,
+    "mse_loss_backward": lambda x, t: F.mse_loss(x, t),
+    "mse_loss_backward none": lambda x, t: F.mse_loss(x, t, reduction="none") * x,
+    "smooth_l1_loss_backward": lambda x, t: F.smooth_l1_loss(x * 2, t, beta=0.5, reduction="sum"),
+    "max_pool2d_with_indices_backward": lambda x: F.max_pool2d(x, 3, stride=2, padding=1) * 2,
+    "max_pool2d_with_indices_backward dilated ceil": lambda x: F.max_pool2d(x, 2, stride=2, dilation=2, ceil_mode=True),
+    "avg_pool2d_backward": lambda x: F.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False) * x[..., :4, :4],
+    "avg_pool2d_backward ceil divisor": lambda x: F.avg_pool2d(x, 2, ceil_mode=True, divisor_override=3),
+    "_adaptive_avg_pool2d_backward": lambda x: F.adaptive_avg_pool2d(x, (3, 2)),
+    "native_batch_norm_backward": lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True) * x,
+    "native_group_norm_backward": lambda x, w, b: F.group_norm(x, 2, w, b) * x,
 }
 SHAPES = {
     "native_layer_norm_backward": [(3, 5), (5,), (5,)],
     "convolution_backward": [(2, 4, 7, 7), (6, 2, 3, 3), (6,)],
+    "mse_loss_backward": [(4, 5), (4, 5)],
+    "mse_loss_backward none": [(4, 5), (5,)],
+    "smooth_l1_loss_backward": [(4, 5), (4, 5)],
+    "max_pool2d_with_indices_backward": [(2, 3, 7, 7)],
+    "max_pool2d_with_indices_backward dilated ceil": [(1, 2, 7, 6)],
+    "avg_pool2d_backward": [(2, 3, 7, 7)],
+    "avg_pool2d_backward ceil divisor": [(3, 5, 5)],
+    "_adaptive_avg_pool2d_backward": [(2, 3, 7, 5)],
+    "native_batch_norm_backward": [(4, 3, 2, 2), (3,), (3,)],
+    "native_group_norm_backward": [(3, 4, 5), (4,), (4,)],
 }
 
 

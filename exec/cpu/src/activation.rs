@@ -1,6 +1,7 @@
 //! Activations and their backward ops as AOTAutograd leaves them without a decomposition
 //! table: relu / threshold_backward, gelu (erf and tanh forms) / gelu_backward, silu /
-//! silu_backward, erf, abs, minimum / maximum. Torch's CPU formulas, in the output dtype's
+//! silu_backward, erf, abs, minimum / maximum, hardswish, softplus, leaky_relu, elu, hardtanh
+//! and their backward, sigmoid / tanh backward. Torch's CPU formulas, in the output dtype's
 //! compute type.
 
 use super::{Env, Value, number, one, out_dtype};
@@ -164,4 +165,131 @@ pub fn minimum(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
 }
 pub fn maximum(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     extremum(env, true)
+}
+
+/// Scalar argument `i` (or keyword `name`), else `default`.
+fn scalar(env: &Env<'_, Tensor>, i: usize, name: &str, default: f64) -> Result<f64, String> {
+    match env.arg_or_kw(i, name) {
+        None | Some(Arg::None) => Ok(default),
+        Some(a) => number(a).ok_or_else(|| format!("`{name}` is not a number: {a:?}")),
+    }
+}
+
+/// hardswish(x) = x * clamp(x + 3, 0, 6) / 6.
+pub fn hardswish(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    by_real!(dtype0(env)?, "hardswish", T => unary::<T>(env, |x| {
+        x * (x + T::c(3.0)).max(T::zero()).min(T::c(6.0)) / T::c(6.0)
+    }))
+}
+
+pub fn hardswish_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    by_real!(dtype0(env)?, "hardswish_backward", T => with_grad::<T>(env, |g, x| {
+        if x < T::c(-3.0) {
+            T::zero()
+        } else if x <= T::c(3.0) {
+            g * (x / T::c(3.0) + T::c(0.5))
+        } else {
+            g
+        }
+    }))
+}
+
+/// softplus(x, beta, threshold) = log1p(exp(beta x)) / beta, x where beta x > threshold.
+pub fn softplus(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let (beta, th) = (
+        scalar(env, 1, "beta", 1.0)?,
+        scalar(env, 2, "threshold", 20.0)?,
+    );
+    by_real!(dtype0(env)?, "softplus", T => {
+        let (b, t) = (T::c(beta), T::c(th));
+        unary::<T>(env, |x| if x * b > t { x } else { (x * b).exp().ln_1p() / b })
+    })
+}
+
+pub fn softplus_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let (beta, th) = (
+        scalar(env, 2, "beta", 1.0)?,
+        scalar(env, 3, "threshold", 20.0)?,
+    );
+    by_real!(dtype0(env)?, "softplus_backward", T => {
+        let (b, t) = (T::c(beta), T::c(th));
+        with_grad::<T>(env, |g, x| {
+            let z = (x * b).exp();
+            if x * b > t { g } else { g * z / (z + T::one()) }
+        })
+    })
+}
+
+/// leaky_relu(x, slope) = x where x > 0, else slope x.
+pub fn leaky_relu(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let slope = scalar(env, 1, "negative_slope", 0.01)?;
+    by_real!(dtype0(env)?, "leaky_relu", T => {
+        let s = T::c(slope);
+        unary::<T>(env, |x| if x > T::zero() { x } else { x * s })
+    })
+}
+
+/// leaky_relu_backward(grad, x, slope, self_is_result): the sign of x and of the result agree.
+pub fn leaky_relu_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let slope = scalar(env, 2, "negative_slope", 0.01)?;
+    by_real!(dtype0(env)?, "leaky_relu_backward", T => {
+        let s = T::c(slope);
+        with_grad::<T>(env, |g, x| if x > T::zero() { g } else { g * s })
+    })
+}
+
+/// elu(x, alpha, scale, input_scale) = scale x where x > 0, else
+/// alpha scale (exp(input_scale x) - 1).
+pub fn elu(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let alpha = scalar(env, 1, "alpha", 1.0)?;
+    let scale = scalar(env, 2, "scale", 1.0)?;
+    let input_scale = scalar(env, 3, "input_scale", 1.0)?;
+    by_real!(dtype0(env)?, "elu", T => {
+        let (neg, pos, ins) = (T::c(alpha * scale), T::c(scale), T::c(input_scale));
+        unary::<T>(env, |x| if x <= T::zero() { (x * ins).exp_m1() * neg } else { x * pos })
+    })
+}
+
+/// elu_backward(grad, alpha, scale, input_scale, is_result, self_or_result).
+pub fn elu_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let alpha = scalar(env, 1, "alpha", 1.0)?;
+    let scale = scalar(env, 2, "scale", 1.0)?;
+    let input_scale = scalar(env, 3, "input_scale", 1.0)?;
+    let is_result = matches!(env.arg_or_kw(4, "is_result"), Some(Arg::Bool(true)));
+    let g = env.tensor(env.arg(0)?)?;
+    let y = env.tensor(env.arg(5)?)?;
+    let dt = out_dtype(env, g.dtype);
+    by_real!(dt, "elu_backward", T => {
+        let (neg, pos, ins) = (T::c(alpha * scale), T::c(scale), T::c(input_scale));
+        let r = zip2(&T::get(g), &T::get(y), |g, v| {
+            if v > T::zero() {
+                g * pos
+            } else if is_result {
+                g * ins * (v + neg)
+            } else {
+                g * ins * neg * (v * ins).exp()
+            }
+        })?;
+        one(T::wrap(r, dt)?)
+    })
+}
+
+/// sigmoid_backward(grad, y) = grad (1 - y) y, y the forward's result.
+pub fn sigmoid_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    by_real!(dtype0(env)?, "sigmoid_backward", T => with_grad::<T>(env, |g, y| g * (T::one() - y) * y))
+}
+
+/// tanh_backward(grad, y) = grad (1 - y^2), y the forward's result.
+pub fn tanh_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    by_real!(dtype0(env)?, "tanh_backward", T => with_grad::<T>(env, |g, y| g * (T::one() - y * y)))
+}
+
+/// hardtanh_backward(grad, x, min, max) = grad strictly inside (min, max), else 0.
+pub fn hardtanh_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let lo = scalar(env, 2, "min_val", -1.0)?;
+    let hi = scalar(env, 3, "max_val", 1.0)?;
+    by_real!(dtype0(env)?, "hardtanh_backward", T => {
+        let (lo, hi) = (T::c(lo), T::c(hi));
+        with_grad::<T>(env, |g, x| if x <= lo || x >= hi { T::zero() } else { g })
+    })
 }

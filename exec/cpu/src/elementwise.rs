@@ -367,3 +367,31 @@ pub fn clone(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let t = env.tensor(env.arg(0)?)?;
     one(t.cast(out_dtype(env, t.dtype))?)
 }
+
+/// Integer power as torch's CPU kernel: a negative exponent gives 1 / x^|e| truncated
+/// (0 unless x is 1 or -1).
+fn int_pow(x: i64, e: i64) -> i64 {
+    match u32::try_from(e) {
+        Ok(p) => x.wrapping_pow(p),
+        Err(_) if e > 0 => x.wrapping_pow(u32::MAX),
+        Err(_) => match x {
+            1 => 1,
+            -1 if e % 2 == 0 => 1,
+            -1 => -1,
+            _ => 0,
+        },
+    }
+}
+
+/// `pow.Tensor_Tensor(a, b)` and `pow.Scalar(number, b)`, broadcasting, in the output dtype's
+/// compute type.
+pub fn pow_tensor(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let a = operand(env, env.arg(0)?)?;
+    let b = operand(env, env.arg(1)?)?;
+    let dt = out_dtype(env, promote(&a, &b));
+    one(match kind(dt)? {
+        Kind::F64 => f64::wrap(zip2(&f64::get(&a), &f64::get(&b), f64::powf)?, dt)?,
+        Kind::F32 => f32::wrap(zip2(&f32::get(&a), &f32::get(&b), f32::powf)?, dt)?,
+        _ => i64::wrap(zip2(&i64::get(&a), &i64::get(&b), int_pow)?, dt)?,
+    })
+}

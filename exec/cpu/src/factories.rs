@@ -1,6 +1,7 @@
 //! The factories AOTAutograd leaves without a decomposition table: `zeros` / `ones`, the
 //! `_like` forms and the `new_` forms (the dtype of `self` unless given). Shapes come from the
-//! arguments, dtypes from the node's recorded metadata first; `empty` forms are zero-filled,
+//! arguments, dtypes from the node's recorded metadata first; `empty` forms (`empty_like`) are
+//! zero-filled,
 //! so runs are reproducible.
 
 use super::{Env, Value, ints, number, one};

@@ -1,5 +1,5 @@
 //! Indexing: embedding, advanced indexing with leading index tensors (`index`, `index_put`),
-//! `gather` and `scatter`. Indices are checked (an index out of range is an error naming it,
+//! `gather`, `scatter`, `scatter_add` and `index_select`. Indices are checked (an index out of range is an error naming it,
 //! never a panic); negative indices count from the end as in torch.
 
 use super::elementwise::bcast_shape;
@@ -8,28 +8,59 @@ use ndarray::{ArrayD, Dimension, IxDyn};
 use zerosched_exec::host::{Arr, Data, Elem, Tensor};
 use zerosched_ir::{Arg, NodeId};
 
-/// Accumulation for `index_put(accumulate=True)`.
+/// Accumulation for `index_put(accumulate=True)` and the scatter reductions.
 trait Acc: Elem {
     fn acc(self, other: Self) -> Self;
+    fn prod(self, other: Self) -> Self;
 }
 impl Acc for f32 {
     fn acc(self, o: f32) -> f32 {
         self + o
+    }
+    fn prod(self, o: f32) -> f32 {
+        self * o
     }
 }
 impl Acc for f64 {
     fn acc(self, o: f64) -> f64 {
         self + o
     }
+    fn prod(self, o: f64) -> f64 {
+        self * o
+    }
 }
 impl Acc for i64 {
     fn acc(self, o: i64) -> i64 {
         self.wrapping_add(o)
     }
+    fn prod(self, o: i64) -> i64 {
+        self.wrapping_mul(o)
+    }
 }
 impl Acc for bool {
     fn acc(self, o: bool) -> bool {
         self | o
+    }
+    fn prod(self, o: bool) -> bool {
+        self & o
+    }
+}
+
+/// How a scatter combines a source value with the element it lands on.
+#[derive(Clone, Copy)]
+enum Combine {
+    Set,
+    Add,
+    Multiply,
+}
+
+impl Combine {
+    fn apply<T: Acc>(self, old: T, v: T) -> T {
+        match self {
+            Combine::Set => v,
+            Combine::Add => old.acc(v),
+            Combine::Multiply => old.prod(v),
+        }
     }
 }
 
@@ -203,8 +234,10 @@ pub fn gather(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     one(on_kind!(x, T, a => go::<T>(a, d, &idx)?))
 }
 
-/// `scatter.value(self, dim, index, value)` and `scatter.src(self, dim, index, src)`.
-pub fn scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+/// `scatter.value(self, dim, index, value)`, `scatter.src(self, dim, index, src)`, their
+/// `reduce=` forms (`'add'`, `'multiply'`) and `scatter_add(self, dim, index, src)`
+/// (combining in index order).
+fn scatter_into(env: &Env<'_, Tensor>, how: Combine) -> Result<Value<Tensor>, String> {
     let x = env.tensor(env.arg(0)?)?;
     let d = norm_dim(int(env.arg(1)?)?, x.shape().len())?;
     let idx = i64::get(env.tensor(env.arg(2)?)?);
@@ -216,14 +249,25 @@ pub fn scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
             x.dtype,
         )?,
     };
-    fn go<T: Elem>(
+    fn go<T: Acc>(
         a: &Arr<T>,
         d: usize,
         idx: &Arr<i64>,
         src: &Arr<T>,
+        how: Combine,
     ) -> Result<ArrayD<T>, String> {
-        let n = a.shape()[d];
         let mut out = a.to_owned();
+        if a.ndim() == 0 {
+            // A 0-d tensor is one element along its only (implicit) dimension.
+            for &i in idx.iter() {
+                fix(i, 1)?;
+                let v = *src.first().ok_or("scatter: empty src")?;
+                let o = out.first_mut().ok_or("scatter: empty input")?;
+                *o = how.apply(*o, v);
+            }
+            return Ok(out);
+        }
+        let n = a.shape()[d];
         let scalar = src.ndim() == 0;
         for (p, &i) in idx.indexed_iter() {
             let v = if scalar {
@@ -233,10 +277,63 @@ pub fn scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
             };
             let mut q: Vec<usize> = p.slice().to_vec();
             q[d] = fix(i, n)?;
-            *out.get_mut(q.as_slice())
-                .ok_or("scatter: index outside the input")? = v;
+            let o = out
+                .get_mut(q.as_slice())
+                .ok_or("scatter: index outside the input")?;
+            *o = how.apply(*o, v);
         }
         Ok(out)
     }
-    one(on_kind!(x, T, a => go::<T>(a, d, &idx, &T::get(&src_t))?))
+    one(on_kind!(x, T, a => go::<T>(a, d, &idx, &T::get(&src_t), how)?))
+}
+
+pub fn scatter(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let how = match env.arg_or_kw(4, "reduce") {
+        None | Some(Arg::None) => Combine::Set,
+        Some(Arg::Str(s)) if s == "add" => Combine::Add,
+        Some(Arg::Str(s)) if s == "multiply" => Combine::Multiply,
+        Some(a) => {
+            return Err(format!(
+                "scatter: reduce={a:?} is neither 'add' nor 'multiply'"
+            ));
+        }
+    };
+    scatter_into(env, how)
+}
+
+pub fn scatter_add(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    scatter_into(env, Combine::Add)
+}
+
+/// `index_select(self, dim, index)`: the entries of `index` (0-d or 1-d) along `dim`.
+pub fn index_select(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let x = env.tensor(env.arg(0)?)?;
+    let it = env.tensor(env.arg(2)?)?;
+    if it.shape().len() > 1 {
+        return Err(format!(
+            "index_select: index of shape {:?} (0-d or 1-d only)",
+            it.shape()
+        ));
+    }
+    let rank = x.shape().len();
+    let d = norm_dim(int(env.arg(1)?)?, rank)?;
+    let base = if rank == 0 {
+        x.reshape(&[1])?
+    } else {
+        x.clone()
+    };
+    let n = base.shape()[d];
+    let idx: Vec<usize> = i64::get(it)
+        .iter()
+        .map(|&i| fix(i, n))
+        .collect::<Result<_, _>>()?;
+    let out =
+        zerosched_exec::host::map_data!(&base, a => a.select(ndarray::Axis(d), &idx).into_shared());
+    // A 0-d input gives a 0-d result, whatever the index's rank.
+    let shape = if rank == 0 {
+        Vec::new()
+    } else {
+        out.shape().to_vec()
+    };
+    one(out.reshape(&shape)?)
 }

@@ -8,6 +8,8 @@
 #![deny(unsafe_code)]
 
 mod activation;
+mod channel_norm;
+mod clamp;
 mod conv;
 mod create;
 mod elementwise;
@@ -19,6 +21,9 @@ mod loss;
 mod masks;
 mod nn;
 mod norm;
+mod pointwise_loss;
+mod pool;
+mod random;
 mod real;
 mod reduce;
 mod scatter;
@@ -39,8 +44,8 @@ pub type Kernel = fn(&Env<'_, Tensor>) -> Result<Value<Tensor>, String>;
 pub fn kernel(target: &str) -> Option<Kernel> {
     use elementwise as e;
     Some(match target {
-        "aten.add.Tensor" => e::add,
-        "aten.sub.Tensor" => e::sub,
+        "aten.add.Tensor" | "aten.add.Scalar" => e::add,
+        "aten.sub.Tensor" | "aten.sub.Scalar" => e::sub,
         "aten.mul.Tensor" | "aten.mul.Scalar" => e::mul,
         "aten.div.Tensor" | "aten.div.Scalar" => e::div,
         "aten.div.Tensor_mode" => e::div_mode,
@@ -64,6 +69,7 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.reciprocal.default" => e::reciprocal,
         "aten.log.default" => e::log,
         "aten.pow.Tensor_Scalar" => e::pow_scalar,
+        "aten.pow.Tensor_Tensor" | "aten.pow.Scalar" => e::pow_tensor,
         "aten._to_copy.default" | "prims.convert_element_type.default" => e::to_copy,
         "aten.clone.default" | "aten.alias.default" => e::clone,
         "aten.view.default" | "aten._unsafe_view.default" | "aten.reshape.default" => shape::view,
@@ -80,7 +86,7 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.constant_pad_nd.default" => shape::constant_pad_nd,
         "aten.slice_scatter.default" => scatter::slice_scatter,
         "aten.sum.dim_IntList" | "aten.sum.default" => reduce::sum,
-        "aten.mean.dim" => reduce::mean,
+        "aten.mean.dim" | "aten.mean.default" => reduce::mean,
         "aten.cumsum.default" => reduce::cumsum,
         "aten._softmax.default" => reduce::softmax,
         "aten._log_softmax.default" => reduce::log_softmax,
@@ -88,8 +94,14 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.sort.default" | "aten.sort.stable" => reduce::sort,
         "aten.histc.default" => reduce::histc,
         "aten.native_layer_norm.default" => nn::layer_norm,
-        "aten._scaled_dot_product_flash_attention_for_cpu.default" => nn::sdpa,
-        "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" => nn::sdpa_backward,
+        "aten._scaled_dot_product_flash_attention_for_cpu.default"
+        | "aten._scaled_dot_product_flash_attention.default"
+        | "aten._scaled_dot_product_efficient_attention.default"
+        | "aten._scaled_dot_product_cudnn_attention.default" => nn::sdpa,
+        "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"
+        | "aten._scaled_dot_product_flash_attention_backward.default"
+        | "aten._scaled_dot_product_efficient_attention_backward.default"
+        | "aten._scaled_dot_product_cudnn_attention_backward.default" => nn::sdpa_backward,
         "aten.mm.default" => linalg::mm,
         "aten.bmm.default" => linalg::bmm,
         "aten.addmm.default" => linalg::addmm,
@@ -98,7 +110,66 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.index.Tensor" => index::index,
         "aten.index_put.default" => index::index_put,
         "aten.gather.default" => index::gather,
-        "aten.scatter.value" | "aten.scatter.src" => index::scatter,
+        "aten.scatter.value"
+        | "aten.scatter.src"
+        | "aten.scatter.reduce"
+        | "aten.scatter.value_reduce" => index::scatter,
+        "aten.scatter_add.default" => index::scatter_add,
+        "aten.index_select.default" => index::index_select,
+        "aten.cumprod.default" => reduce::cumprod,
+        "aten.argmax.default" => reduce::argmax,
+        "aten.argmin.default" => reduce::argmin,
+        "aten.clamp.default" | "aten.clamp.Tensor" => clamp::clamp,
+        "aten.clamp_min.default" | "aten.clamp_min.Tensor" => clamp::clamp_min,
+        "aten.clamp_max.default" | "aten.clamp_max.Tensor" => clamp::clamp_max,
+        "aten.hardtanh.default" => clamp::hardtanh,
+        "aten.hardtanh_backward.default" => activation::hardtanh_backward,
+        "aten.hardswish.default" => activation::hardswish,
+        "aten.hardswish_backward.default" => activation::hardswish_backward,
+        "aten.softplus.default" => activation::softplus,
+        "aten.softplus_backward.default" => activation::softplus_backward,
+        "aten.leaky_relu.default" => activation::leaky_relu,
+        "aten.leaky_relu_backward.default" => activation::leaky_relu_backward,
+        "aten.elu.default" => activation::elu,
+        "aten.elu_backward.default" => activation::elu_backward,
+        "aten.sigmoid_backward.default" => activation::sigmoid_backward,
+        "aten.tanh_backward.default" => activation::tanh_backward,
+        "aten.logical_and.default" => logical::logical_and,
+        "aten.logical_or.default" => logical::logical_or,
+        "aten.logical_xor.default" => logical::logical_xor,
+        "aten._assert_async.default" | "aten._assert_async.msg" => logical::assert_async,
+        "aten.mse_loss.default" => pointwise_loss::mse_loss,
+        "aten.mse_loss_backward.default" => pointwise_loss::mse_loss_backward,
+        "aten.smooth_l1_loss.default" => pointwise_loss::smooth_l1_loss,
+        "aten.smooth_l1_loss_backward.default" => pointwise_loss::smooth_l1_loss_backward,
+        "aten.binary_cross_entropy_with_logits.default" => {
+            pointwise_loss::binary_cross_entropy_with_logits
+        }
+        "aten.max_pool2d_with_indices.default" => pool::max_pool2d,
+        "aten.max_pool2d_with_indices_backward.default" => pool::max_pool2d_backward,
+        "aten.avg_pool2d.default" => pool::avg_pool2d,
+        "aten.avg_pool2d_backward.default" => pool::avg_pool2d_backward,
+        "aten._adaptive_avg_pool2d.default" => pool::adaptive_avg_pool2d,
+        "aten._adaptive_avg_pool2d_backward.default" => pool::adaptive_avg_pool2d_backward,
+        "aten.native_batch_norm.default"
+        | "aten._native_batch_norm_legit.default"
+        | "aten._native_batch_norm_legit.no_stats"
+        | "aten._native_batch_norm_legit_no_training.default"
+        | "aten._native_batch_norm_legit_functional.default" => channel_norm::batch_norm,
+        "aten.native_batch_norm_backward.default" => channel_norm::batch_norm_backward,
+        "aten.native_group_norm.default" => channel_norm::group_norm,
+        "aten.native_group_norm_backward.default" => channel_norm::group_norm_backward,
+        "aten.native_dropout.default" => random::native_dropout,
+        "aten.native_dropout_backward.default" => random::native_dropout_backward,
+        "aten.rand.default" | "aten.rand_like.default" => random::rand,
+        "aten.randn.default" | "aten.randn_like.default" => random::randn,
+        "aten.randint.default"
+        | "aten.randint.low"
+        | "aten.randint_like.default"
+        | "aten.randint_like.low_dtype" => random::randint,
+        "aten.bernoulli.default" | "aten.bernoulli.p" | "aten.bernoulli.Tensor" => {
+            random::bernoulli
+        }
         "aten.full.default" => create::full,
         "aten.full_like.default" => create::full_like,
         "aten.scalar_tensor.default" => create::scalar_tensor,
@@ -133,7 +204,7 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.embedding_dense_backward.default" => scatter::embedding_dense_backward,
         "aten.zeros.default" => factories::zeros,
         "aten.ones.default" => factories::ones,
-        "aten.zeros_like.default" => factories::zeros_like,
+        "aten.zeros_like.default" | "aten.empty_like.default" => factories::zeros_like,
         "aten.ones_like.default" => factories::ones_like,
         "aten.new_zeros.default" => factories::new_zeros,
         "aten.new_ones.default" => factories::new_ones,

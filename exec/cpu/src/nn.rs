@@ -1,8 +1,13 @@
-//! Fused neural-network ops: layer norm and the CPU flash-attention pair (forward with
-//! logsumexp, backward from it), in the math formulation: `S = scale * Q K^T + mask`,
+//! Fused neural-network ops: layer norm and scaled dot-product attention, forward with
+//! logsumexp and backward from it, for every fused form a graph holds: the CPU flash pair and
+//! the GPU flash, memory-efficient and cuDNN pairs (whose graphs were exported on a GPU),
+//! all computed by the math formulation: `S = scale * Q K^T + mask`,
 //! `P = exp(S - logsumexp)`, `O = P V`; backward `dV = P^T dO`, `dP = dO V^T`,
 //! `dS = P * (dP - rowsum(dO * O))`, `dQ = scale dS K`, `dK = scale dS^T Q`. Grouped KV
-//! heads (H a multiple of the KV heads) share K and V and accumulate their gradients.
+//! heads (H a multiple of the KV heads) share K and V and accumulate their gradients. Dropout
+//! inside attention is refused; a GPU form's bookkeeping outputs (sequence offsets, RNG state,
+//! debug mask) are zeros of their recorded shapes, and its logsumexp fills the recorded shape
+//! (padded past the sequence, as the memory-efficient kernel's is, with zeros).
 
 use super::{Env, Value, flag, number, out_dtype};
 use ndarray::linalg::general_mat_mul;
@@ -24,25 +29,99 @@ fn view4<T: Clone>(a: &zerosched_exec::host::Arr<T>) -> Result<ArrayView4<'_, T>
 struct Attn<T> {
     scale: T,
     causal: bool,
-    /// Additive mask broadcast to [B, H, L, S].
-    mask: Option<ndarray::Array4<T>>,
+    /// Additive mask broadcast to [B, H, L, S], and its own shape.
+    mask: Option<(ndarray::Array4<T>, Vec<usize>)>,
+}
+
+/// Which fused form a target is, and where its arguments are.
+#[derive(Clone, Copy)]
+struct Form {
+    /// Forward: dropout, is_causal and the additive mask (`None`: keyword `attn_mask`).
+    dropout: usize,
+    causal: usize,
+    mask: Option<usize>,
+    /// Backward: out, logsumexp, dropout, is_causal, mask; the gradient mask of the
+    /// memory-efficient form (which can return the bias's gradient).
+    b_out: usize,
+    b_lse: usize,
+    b_dropout: usize,
+    b_causal: usize,
+    b_mask: Option<usize>,
+    b_grad_mask: Option<usize>,
+}
+
+fn form(target: &str) -> Result<Form, String> {
+    let base = target
+        .trim_end_matches(".default")
+        .trim_start_matches("aten.")
+        .trim_end_matches("_backward");
+    Ok(match base {
+        "_scaled_dot_product_flash_attention_for_cpu" => Form {
+            dropout: 3,
+            causal: 4,
+            mask: None,
+            b_out: 4,
+            b_lse: 5,
+            b_dropout: 6,
+            b_causal: 7,
+            b_mask: None,
+            b_grad_mask: None,
+        },
+        "_scaled_dot_product_flash_attention" => Form {
+            dropout: 3,
+            causal: 4,
+            mask: None,
+            b_out: 4,
+            b_lse: 5,
+            b_dropout: 10,
+            b_causal: 11,
+            b_mask: None,
+            b_grad_mask: None,
+        },
+        "_scaled_dot_product_efficient_attention" => Form {
+            dropout: 5,
+            causal: 6,
+            mask: Some(3),
+            b_out: 5,
+            b_lse: 6,
+            b_dropout: 9,
+            b_causal: 11,
+            b_mask: Some(4),
+            b_grad_mask: Some(10),
+        },
+        "_scaled_dot_product_cudnn_attention" => Form {
+            dropout: 5,
+            causal: 6,
+            mask: Some(3),
+            b_out: 4,
+            b_lse: 5,
+            b_dropout: 13,
+            b_causal: 14,
+            b_mask: Some(8),
+            b_grad_mask: None,
+        },
+        _ => return Err(format!("`{target}` is not an attention op")),
+    })
 }
 
 fn attn_opts<T: F>(
     env: &Env<'_, Tensor>,
     q: &Tensor,
-    dropout_pos: usize,
+    (dropout, causal, mask): (usize, usize, Option<usize>),
     l: usize,
     sz: usize,
 ) -> Result<Attn<T>, String> {
     let n = env.node();
-    if n.args.get(dropout_pos).and_then(number).unwrap_or(0.0) != 0.0 {
+    if n.args
+        .get(dropout)
+        .or(n.kwargs.get("dropout_p"))
+        .and_then(number)
+        .unwrap_or(0.0)
+        != 0.0
+    {
         return Err("dropout in attention is not supported".into());
     }
-    let causal = flag(
-        n.args.get(dropout_pos + 1).or(n.kwargs.get("is_causal")),
-        false,
-    );
+    let causal = flag(n.args.get(causal).or(n.kwargs.get("is_causal")), false);
     let e = *q.shape().last().unwrap_or(&1);
     let scale = n
         .kwargs
@@ -50,7 +129,11 @@ fn attn_opts<T: F>(
         .and_then(number)
         .unwrap_or(1.0 / (e as f64).sqrt());
     let (b, h) = (q.shape()[0], q.shape()[1]);
-    let mask = match n.kwargs.get("attn_mask") {
+    let mask_arg = match mask {
+        Some(i) => n.args.get(i),
+        None => n.kwargs.get("attn_mask"),
+    };
+    let mask = match mask_arg {
         Some(a @ Arg::Node(_)) => {
             let m = env.tensor(a)?;
             let add: zerosched_exec::host::Arr<T> = if m.dtype == zerosched_ir::Dtype::Bool {
@@ -72,7 +155,7 @@ fn attn_opts<T: F>(
                 .to_owned()
                 .into_dimensionality::<Ix4>()
                 .map_err(|e| e.to_string())?;
-            Some(full)
+            Some((full, m.shape().to_vec()))
         }
         _ => None,
     };
@@ -81,6 +164,49 @@ fn attn_opts<T: F>(
         causal,
         mask,
     })
+}
+
+/// Zeros of output `k`'s recorded shape and dtype (a GPU form's bookkeeping output), or None
+/// for a non-tensor output.
+fn filler(env: &Env<'_, Tensor>, k: usize) -> Result<Option<Tensor>, String> {
+    match env.out_meta_k(k) {
+        Some(m) => {
+            let shape: Vec<usize> = m.shape.iter().map(|d| d.hint() as usize).collect();
+            Ok(Some(crate::create::filled(&shape, 0.0, m.dtype)?))
+        }
+        None => Ok(None),
+    }
+}
+
+/// How many outputs the node records (2 when it records none).
+fn n_outputs(env: &Env<'_, Tensor>) -> usize {
+    match &env.node().meta.val {
+        Some(zerosched_ir::Val::Tuple(ts)) => ts.len(),
+        _ => 2,
+    }
+}
+
+/// The offset of (b, h, i) in a logsumexp of `shape` = [B, H, per, trailing...].
+fn lse_at(shape: &[usize], b: usize, h: usize, i: usize) -> Option<usize> {
+    let (bs, hs, per) = (*shape.first()?, *shape.get(1)?, *shape.get(2)?);
+    let trail: usize = shape.get(3..).map_or(1, |r| r.iter().product());
+    (b < bs && h < hs && i < per).then(|| ((b * hs + h) * per + i) * trail)
+}
+
+/// `full` summed over the axes where `shape` (right-aligned) is 1: a broadcast bias's gradient.
+fn sum_to<T: F>(full: Array4<T>, shape: &[usize]) -> Result<ndarray::ArrayD<T>, String> {
+    let pad = 4usize
+        .checked_sub(shape.len())
+        .ok_or_else(|| format!("bias of shape {shape:?}"))?;
+    let mut a = full.into_dyn();
+    for ax in 0..4 {
+        let want = if ax < pad { 1 } else { shape[ax - pad] };
+        if want == 1 && a.shape()[ax] != 1 {
+            a = a.sum_axis(Axis(ax)).insert_axis(Axis(ax));
+        }
+    }
+    a.into_shape_with_order(IxDyn(shape))
+        .map_err(|e| e.to_string())
 }
 
 /// Scores `scale * q k^T + mask` (causal: -inf above the diagonal) for one (batch, head).
@@ -94,7 +220,7 @@ fn scores<T: F>(
     let (l, sz) = (q.nrows(), k.nrows());
     let mut sc = Array2::<T>::zeros((l, sz));
     general_mat_mul(o.scale, &q, &k.t(), T::zero(), &mut sc);
-    if let Some(m) = &o.mask {
+    if let Some((m, _)) = &o.mask {
         sc += &m.slice(s![b, h, .., ..]);
     }
     if o.causal {
@@ -120,7 +246,8 @@ fn fwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     if hk == 0 || h % hk != 0 || k.dim().1 != hk {
         return Err(format!("{h} query heads over {hk} key/value heads"));
     }
-    let o = attn_opts::<T>(env, qt, 3, l, sz)?;
+    let f = form(&env.node().target)?;
+    let o = attn_opts::<T>(env, qt, (f.dropout, f.causal, f.mask), l, sz)?;
     let mut out = Array4::<T>::zeros((bs, h, l, ev));
     let mut lse = Array3::<T>::zeros((bs, h, l));
     for b in 0..bs {
@@ -156,18 +283,31 @@ fn fwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         }
     }
     let d0 = env.out_meta_k(0).map_or(qt.dtype, |m| m.dtype);
-    let d1 = env
-        .out_meta_k(1)
-        .map_or(zerosched_ir::Dtype::Float32, |m| m.dtype);
-    Ok(Value::List(vec![
-        Some(T::wrap(out.into_dyn(), d0)?),
-        Some(T::wrap(lse.into_dyn(), d1)?),
-    ]))
+    let lse = match env.out_meta_k(1) {
+        Some(m) => {
+            let shape: Vec<usize> = m.shape.iter().map(|d| d.hint() as usize).collect();
+            let mut v = vec![T::zero(); shape.iter().product()];
+            for ((b, hh, i), &x) in lse.indexed_iter() {
+                if let Some(at) = lse_at(&shape, b, hh, i) {
+                    v[at] = x;
+                }
+            }
+            let a = ndarray::ArrayD::from_shape_vec(IxDyn(&shape), v).map_err(|e| e.to_string())?;
+            T::wrap(a, m.dtype)?
+        }
+        None => T::wrap(lse.into_dyn(), zerosched_ir::Dtype::Float32)?,
+    };
+    let mut outs = vec![Some(T::wrap(out.into_dyn(), d0)?), Some(lse)];
+    for k in 2..n_outputs(env) {
+        outs.push(filler(env, k)?);
+    }
+    Ok(Value::List(outs))
 }
 
 fn bwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let f = form(&env.node().target)?;
     let t = |i| env.tensor(env.arg(i)?);
-    let (dot, qt, kt, vt, ot, lt) = (t(0)?, t(1)?, t(2)?, t(3)?, t(4)?, t(5)?);
+    let (dot, qt, kt, vt, ot, lt) = (t(0)?, t(1)?, t(2)?, t(3)?, t(f.b_out)?, t(f.b_lse)?);
     let (doa, qa, ka, va, oa) = (T::get(dot), T::get(qt), T::get(kt), T::get(vt), T::get(ot));
     let (dov, q, k, v, ov) = (
         view4(&doa)?,
@@ -182,7 +322,12 @@ fn bwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     if hk == 0 || h % hk != 0 {
         return Err(format!("{h} query heads over {hk} key/value heads"));
     }
-    let o = attn_opts::<T>(env, qt, 6, l, sz)?;
+    let o = attn_opts::<T>(env, qt, (f.b_dropout, f.b_causal, f.b_mask), l, sz)?;
+    let want_bias = f.b_grad_mask.is_some_and(|i| {
+        matches!(env.node().args.get(i), Some(Arg::List(m)) if matches!(m.get(3), Some(Arg::Bool(true))))
+    }) && o.mask.is_some();
+    let mut dbias = want_bias.then(|| Array4::<T>::zeros((bs, h, l, sz)));
+    let lse_flat: Vec<T> = la.iter().copied().collect();
     let mut dq = Array4::<T>::zeros((bs, h, l, e));
     let mut dk = Array4::<T>::zeros((bs, hk, sz, e));
     let mut dv = Array4::<T>::zeros((bs, hk, sz, ev));
@@ -197,8 +342,8 @@ fn bwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
             let (dom, om) = (dov.slice(s![b, hh, .., ..]), ov.slice(s![b, hh, .., ..]));
             let mut p = scores(&o, qm, km, b, hh);
             for (i, mut row) in p.axis_iter_mut(Axis(0)).enumerate() {
-                let ls = *la
-                    .get([b, hh, i].as_slice())
+                let ls = *lse_at(la.shape(), b, hh, i)
+                    .and_then(|at| lse_flat.get(at))
                     .ok_or("logsumexp has the wrong shape")?;
                 if ls == T::neg_infinity() {
                     row.fill(T::zero());
@@ -221,6 +366,9 @@ fn bwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
                     dp[[i, j]] = p[[i, j]] * (dp[[i, j]] - di);
                 }
             }
+            if let Some(db) = dbias.as_mut() {
+                db.slice_mut(s![b, hh, .., ..]).assign(&dp);
+            }
             let mut dqb = dq.slice_mut(s![b, hh, .., ..]);
             general_mat_mul(o.scale, &dp, &km, T::zero(), &mut dqb);
             let mut dkb = dk.slice_mut(s![b, kv, .., ..]);
@@ -228,11 +376,18 @@ fn bwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         }
     }
     let d = |k: usize, f: zerosched_ir::Dtype| env.out_meta_k(k).map_or(f, |m| m.dtype);
-    Ok(Value::List(vec![
+    let mut outs = vec![
         Some(T::wrap(dq.into_dyn(), d(0, qt.dtype))?),
         Some(T::wrap(dk.into_dyn(), d(1, kt.dtype))?),
         Some(T::wrap(dv.into_dyn(), d(2, vt.dtype))?),
-    ]))
+    ];
+    if f.b_grad_mask.is_some() {
+        outs.push(match (dbias, &o.mask) {
+            (Some(db), Some((_, shape))) => Some(T::wrap(sum_to(db, shape)?, d(3, qt.dtype))?),
+            _ => None,
+        });
+    }
+    Ok(Value::List(outs))
 }
 
 fn compute_kind(env: &Env<'_, Tensor>) -> Result<Kind, String> {

@@ -1,4 +1,5 @@
-//! Reductions along dimensions: sum, mean, cumsum, (log-)softmax, topk, sort, histc. Sums run
+//! Reductions along dimensions: sum, mean, cumsum, cumprod, argmax, argmin, (log-)softmax,
+//! topk, sort, histc. Sums run
 //! in the output dtype's compute type, one dimension at a time from the last listed, in
 //! ndarray's fixed order: the same data gives the same bits on every run.
 
@@ -12,6 +13,13 @@ fn dims_of(a: Option<&Arg<zerosched_ir::NodeId>>, rank: usize) -> Result<Vec<usi
         None | Some(Arg::None) => Vec::new(),
         Some(a) => ints(a)?,
     };
+    if rank == 0 {
+        // A 0-d tensor has no dimension to reduce (torch accepts dim 0 and -1 for it).
+        for &d in &list {
+            norm_dim(d, rank)?;
+        }
+        return Ok(Vec::new());
+    }
     let mut dims: Vec<usize> = if list.is_empty() {
         (0..rank).collect()
     } else {
@@ -79,7 +87,8 @@ pub fn mean(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     reduce(env, true)
 }
 
-pub fn cumsum(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+/// `cumsum` / `cumprod(x, dim, dtype=None)` along `dim`, in the output dtype's compute type.
+fn cumulative(env: &Env<'_, Tensor>, product: bool) -> Result<Value<Tensor>, String> {
     let t = env.tensor(env.arg(0)?)?;
     let d = norm_dim(int(env.arg(1)?)?, t.shape().len())?;
     let dt = out_dtype(env, t.dtype);
@@ -91,18 +100,111 @@ pub fn cumsum(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         t.clone()
     };
     macro_rules! go {
-        ($T:ty) => {{
+        ($T:ty, $add:expr, $mul:expr) => {{
             let mut a = <$T>::get(t).into_owned();
-            a.accumulate_axis_inplace(Axis(d), |&prev, cur| *cur += prev);
+            if product {
+                a.accumulate_axis_inplace(Axis(d), |&prev, cur| *cur = $mul(*cur, prev));
+            } else {
+                a.accumulate_axis_inplace(Axis(d), |&prev, cur| *cur = $add(*cur, prev));
+            }
             <$T>::wrap(a, dt)?
         }};
     }
     let out = match kind(dt)? {
-        Kind::F32 => go!(f32),
-        Kind::F64 => go!(f64),
-        _ => go!(i64),
+        Kind::F32 => go!(f32, |a, b| a + b, |a, b| a * b),
+        Kind::F64 => go!(f64, |a, b| a + b, |a, b| a * b),
+        _ => go!(i64, i64::wrapping_add, i64::wrapping_mul),
     };
     one(out.reshape(&shape)?)
+}
+
+pub fn cumsum(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    cumulative(env, false)
+}
+
+pub fn cumprod(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    cumulative(env, true)
+}
+
+/// `argmax` / `argmin(x, dim=None, keepdim=False)`: the first position of the extreme along
+/// `dim` (of the flattened tensor without one), a NaN counting as the extreme, as torch.
+fn arg_extreme(env: &Env<'_, Tensor>, max: bool) -> Result<Value<Tensor>, String> {
+    let t = env.tensor(env.arg(0)?)?;
+    let rank = t.shape().len();
+    let dim = match env.arg_or_kw(1, "dim") {
+        None | Some(Arg::None) => None,
+        Some(a) => Some(norm_dim(int(a)?, rank)?),
+    };
+    let keep = flag(env.arg_or_kw(2, "keepdim"), false);
+    fn lane_arg<T: PartialOrd + Copy>(lane: ArrayView1<'_, T>, max: bool) -> Result<i64, String> {
+        #[allow(clippy::eq_op)] // `x != x` is the generic NaN test
+        let nan = |x: T| x != x;
+        let mut best: Option<(usize, T)> = None;
+        for (i, &v) in lane.iter().enumerate() {
+            let better = match best {
+                None => true,
+                Some((_, b)) if nan(b) => false,
+                Some((_, b)) => nan(v) || if max { v > b } else { v < b },
+            };
+            if better {
+                best = Some((i, v));
+            }
+        }
+        best.map(|(i, _)| i as i64)
+            .ok_or_else(|| "argmax / argmin of an empty dimension".to_owned())
+    }
+    fn go<T: Elem>(
+        x: &zerosched_exec::host::Arr<T>,
+        dim: Option<usize>,
+        keep: bool,
+        max: bool,
+    ) -> Result<ArrayD<i64>, String> {
+        match dim {
+            None => {
+                let flat: Vec<T> = x.iter().copied().collect();
+                let i = lane_arg(ArrayView1::from(&flat[..]), max)?;
+                let shape = if keep { vec![1; x.ndim()] } else { Vec::new() };
+                Ok(ArrayD::from_elem(IxDyn(&shape), i))
+            }
+            Some(_) if x.ndim() == 0 => {
+                let v = [*x.first().ok_or("argmax of an empty tensor")?];
+                Ok(ArrayD::from_elem(
+                    IxDyn(&[]),
+                    lane_arg(ArrayView1::from(&v[..]), max)?,
+                ))
+            }
+            Some(d) => {
+                let mut out = Vec::new();
+                for lane in x.lanes(Axis(d)) {
+                    out.push(lane_arg(lane, max)?);
+                }
+                let mut shape = x.shape().to_vec();
+                shape.remove(d);
+                // `lanes` walks the other axes in row-major order.
+                let mut a =
+                    ArrayD::from_shape_vec(IxDyn(&shape), out).map_err(|e| e.to_string())?;
+                if keep {
+                    a = a.insert_axis(Axis(d));
+                }
+                Ok(a)
+            }
+        }
+    }
+    let idx = match &t.data {
+        Data::F32(a) => go(a, dim, keep, max)?,
+        Data::F64(a) => go(a, dim, keep, max)?,
+        Data::I64(a) => go(a, dim, keep, max)?,
+        Data::Bool(a) => go(a, dim, keep, max)?,
+    };
+    one(i64::wrap(idx, out_dtype(env, Dtype::Int64))?)
+}
+
+pub fn argmax(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    arg_extreme(env, true)
+}
+
+pub fn argmin(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    arg_extreme(env, false)
 }
 
 fn softmax_impl(env: &Env<'_, Tensor>, log: bool) -> Result<Value<Tensor>, String> {
