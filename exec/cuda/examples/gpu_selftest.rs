@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use zerosched_exec_cuda::calibrate;
 use zerosched_exec_cuda::device::{Device, StreamKind};
-use zerosched_exec_cuda::kernels::source::{Elem, Reduce};
+use zerosched_exec_cuda::kernels::source::{Elem, Reduce, Softmax};
 use zerosched_exec_cuda::kernels::{Kernels, View, ops};
 use zerosched_exec_cuda::libs::{self, Lib};
 use zerosched_exec_cuda::matmul::{Blas, Gemm};
@@ -371,6 +371,7 @@ fn reductions(g: &mut Gpu, rows: &mut Vec<Row>) -> Result<()> {
                         Reduce::Mean => col.iter().sum::<f64>() / r as f64,
                         Reduce::Max => col.iter().copied().fold(f64::NEG_INFINITY, f64::max),
                         Reduce::Min => col.iter().copied().fold(f64::INFINITY, f64::min),
+                        Reduce::Any => f64::from(u8::from(col.iter().any(|&v| v != 0.0))),
                     };
                     want.push(encode(e, &[v]).0[0]);
                     scale.push(if matches!(op, Reduce::Mean) {
@@ -415,7 +416,8 @@ fn softmax(g: &mut Gpu, rows: &mut Vec<Row>) -> Result<()> {
         let (x, xr) = g.upload(e, &values(r * c, 7, -4.0, 4.0))?;
         for log in [false, true] {
             let out = g.alloc(e, r * c)?;
-            g.k.softmax(x.ptr, out.ptr, e, r, c, log)?;
+            let mode = if log { Softmax::Log } else { Softmax::Plain };
+            g.k.softmax(x.ptr, out.ptr, e, r, c, mode, 0)?;
             let got = g.download(out, e, r * c)?;
             let mut want = vec![];
             for row_ in 0..r {
