@@ -2,8 +2,11 @@
 //! f64 (f32, bf16, f16), cuBLAS products and their bf16 rate at 8192³, the pool's peak
 //! accounting and stream-ordered reuse, the spin kernel's accuracy, NCCL collectives at world
 //! size 1, and the collective table (written to `$OUT/collective-table.json`, or the first
-//! argument). Prints one row per check and exits 1 if any fails, 2 if the libraries are
+//! argument), and every op of the backend as a one-node graph against the CPU backend
+//! ([`graphs`]). Prints one row per check and exits 1 if any fails, 2 if the libraries are
 //! missing. Run by `scripts/gpu-exec-test`.
+
+mod graphs;
 
 use half::{bf16, f16};
 use std::panic::AssertUnwindSafe;
@@ -776,6 +779,9 @@ fn collectives(g: &mut Gpu, rows: &mut Vec<Row>, table: &std::path::Path) -> Res
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--cases-on-cpu") {
+        std::process::exit(i32::from(graphs::cases_on_cpu() > 0));
+    }
     // NCCL is checked where the collectives start (its absence fails those rows only).
     if let Err(e) = libs::check_all(&[Lib::Cuda, Lib::Nvrtc, Lib::Cublas, Lib::CublasLt]) {
         eprintln!("gpu_selftest: {e}");
@@ -811,7 +817,7 @@ fn main() {
     );
     let mut rows = vec![];
     type Check = fn(&mut Gpu, &mut Vec<Row>) -> Result<()>;
-    let checks: [(&str, Check); 7] = [
+    let checks: [(&str, Check); 8] = [
         ("elementwise", elementwise),
         ("reductions", reductions),
         ("softmax", softmax),
@@ -819,6 +825,7 @@ fn main() {
         ("matmul", matmul),
         ("pool", pool),
         ("spin", spin),
+        ("ops against the CPU backend", graphs::ops),
     ];
     let mut run = |name: &str,
                    rows: &mut Vec<Row>,
