@@ -109,39 +109,44 @@ fn input(seed: u64, dtype: Dtype, shape: &[usize], fill: Fill) -> host::Tensor {
     host::Tensor { dtype, data }
 }
 
-/// The one-node program of `case` and its inputs.
-fn program(case: &Case, seed: u64) -> (zerosched_ir::Program, Inputs) {
+/// The one-node graph of case `k` (placeholders `c{k}x0`, `c{k}x1`, ...: unique over a
+/// bundle of cases) as fx-graph JSON, its inputs added to `given`.
+fn graph(case: &Case, k: usize, given: &mut Inputs) -> String {
+    let seed = 100 + k as u64;
     let mut nodes = vec![];
-    let mut given = Inputs::new(seed);
     for (i, (dtype, shape, fill)) in case.ins.iter().enumerate() {
         nodes.push(format!(
-            r#"{{"name":"x{i}","op":"placeholder","target":"x{i}","args":[],"kwargs":{{}},"meta":{{"val":{}}}}}"#,
+            r#"{{"name":"c{k}x{i}","op":"placeholder","target":"c{k}x{i}","args":[],"kwargs":{{}},"meta":{{"val":{}}}}}"#,
             t(&dtype.to_string(), shape)
         ));
         given.given.insert(
-            format!("x{i}"),
+            format!("c{k}x{i}"),
             Given {
                 tensor: input(seed + i as u64, *dtype, shape, *fill),
                 file: "selftest".into(),
             },
         );
     }
+    let rename = |s: &str| s.replace(r#"{"node":"x"#, &format!(r#"{{"node":"c{k}x"#));
     nodes.push(format!(
         r#"{{"name":"y","op":"call_function","target":"{}","args":{},"kwargs":{},"meta":{{"val":{}}}}}"#,
-        case.target, case.args, case.kwargs, case.out
+        case.target,
+        rename(&case.args),
+        rename(case.kwargs),
+        case.out
     ));
     // A multi-output op returns each of its tensors through a getitem.
     let outs: Vec<String> = if case.out.starts_with('[') {
         let parts: Vec<serde_json::Value> = serde_json::from_str(&case.out).expect("out");
         let mut names = vec![];
-        for (k, p) in parts.iter().enumerate() {
+        for (j, p) in parts.iter().enumerate() {
             if p.is_null() {
                 continue;
             }
             nodes.push(format!(
-                r#"{{"name":"y_{k}","op":"call_function","target":"operator.getitem","args":[{{"node":"y"}},{k}],"kwargs":{{}},"meta":{{"val":{p}}}}}"#
+                r#"{{"name":"y_{j}","op":"call_function","target":"operator.getitem","args":[{{"node":"y"}},{j}],"kwargs":{{}},"meta":{{"val":{p}}}}}"#
             ));
-            names.push(format!(r#"{{"node":"y_{k}"}}"#));
+            names.push(format!(r#"{{"node":"y_{j}"}}"#));
         }
         names
     } else {
@@ -151,13 +156,26 @@ fn program(case: &Case, seed: u64) -> (zerosched_ir::Program, Inputs) {
         r#"{{"name":"output","op":"output","target":"output","args":[[{}]],"kwargs":{{}},"meta":{{}}}}"#,
         outs.join(",")
     ));
-    let doc = format!(
+    format!(
         r#"{{"format":"fx-graph","version":1,"kind":"inference","name":"{}","params":[],"nodes":[{}]}}"#,
         case.name,
         nodes.join(",")
+    )
+}
+
+/// The program of the cases `ks` (one graph each, in order) and their inputs.
+fn program(cases: &[Case], ks: &[usize]) -> (zerosched_ir::Program, Inputs) {
+    let mut given = Inputs::new(0);
+    let graphs: Vec<String> = ks
+        .iter()
+        .map(|&k| graph(&cases[k], k, &mut given))
+        .collect();
+    let doc = format!(
+        r#"{{"format":"fx-program","version":1,"graphs":[{}]}}"#,
+        graphs.join(",")
     );
     (
-        zerosched_ir::import(doc.as_bytes()).expect("a valid case"),
+        zerosched_ir::import(doc.as_bytes()).expect("valid cases"),
         given,
     )
 }
@@ -937,9 +955,10 @@ fn cases() -> Vec<Case> {
 /// Every case on the CPU backend alone (`gpu_selftest --cases-on-cpu`: the cases themselves
 /// checked where there is no GPU); returns the number that failed.
 pub fn cases_on_cpu() -> usize {
+    let cs = cases();
     let mut failed = 0;
-    for (k, case) in cases().iter().enumerate() {
-        let (p, inputs) = program(case, 100 + k as u64);
+    for (k, case) in cs.iter().enumerate() {
+        let (p, inputs) = program(&cs, &[k]);
         match run_program(&p, &inputs, 1, |_| Ok(Cpu)) {
             Ok(_) => println!("ok     {}", case.name),
             Err(e) => {
@@ -948,23 +967,72 @@ pub fn cases_on_cpu() -> usize {
             }
         }
     }
+    // The bundle of every case, as the GPU runs it.
+    let all: Vec<usize> = (0..cs.len()).collect();
+    let (p, inputs) = program(&cs, &all);
+    match run_program(&p, &inputs, 1, |_| Ok(Cpu)) {
+        Ok(run) if run.graphs.len() == cs.len() => {
+            println!("ok     all {} cases in one program", cs.len())
+        }
+        Ok(run) => {
+            failed += 1;
+            println!(
+                "FAIL   the bundle ran {} graphs of {}",
+                run.graphs.len(),
+                cs.len()
+            );
+        }
+        Err(e) => {
+            failed += 1;
+            println!("FAIL   the bundle: {e}");
+        }
+    }
     failed
+}
+
+/// The GPU's outputs of every case: one run of all of them (one device setup and NCCL
+/// communicator), or, when that fails, one run per case, so each failure names its case.
+fn gpu_outputs(
+    g: &Gpu,
+    cs: &[Case],
+) -> Vec<std::result::Result<Vec<Option<host::Tensor>>, String>> {
+    let all: Vec<usize> = (0..cs.len()).collect();
+    let (p, inputs) = program(cs, &all);
+    if let Ok(run) = run_cuda(g, &p, &inputs) {
+        return run
+            .graphs
+            .into_iter()
+            .map(|gr| Ok(gr.outputs.into_iter().next().unwrap_or_default()))
+            .collect();
+    }
+    all.iter()
+        .map(|&k| {
+            let (p, inputs) = program(cs, &[k]);
+            run_cuda(g, &p, &inputs).map(|mut run| {
+                run.graphs
+                    .pop()
+                    .and_then(|gr| gr.outputs.into_iter().next())
+                    .unwrap_or_default()
+            })
+        })
+        .collect()
 }
 
 /// Every case on the GPU against the CPU backend.
 pub fn ops(g: &mut Gpu, rows: &mut Vec<Row>) -> Result<()> {
-    for (k, case) in cases().iter().enumerate() {
-        let (p, inputs) = program(case, 100 + k as u64);
+    let cs = cases();
+    let gpu = gpu_outputs(g, &cs);
+    for (k, (case, uo)) in cs.iter().zip(gpu).enumerate() {
+        let (p, inputs) = program(&cs, &[k]);
         let cpu = run_program(&p, &inputs, 1, |_| Ok(Cpu)).map_err(|e| e.to_string());
-        let gpu = run_cuda(g, &p, &inputs);
-        let (ok, detail) = match (cpu, gpu) {
+        let (ok, detail) = match (cpu, uo) {
             (Err(e), _) => (false, format!("cpu: {e}")),
             (_, Err(e)) => (false, format!("cuda: {e}")),
-            (Ok(c), Ok(u)) => {
-                let (co, uo) = (&c.graphs[0].outputs[0], &u.graphs[0].outputs[0]);
+            (Ok(c), Ok(uo)) => {
+                let co = c.graphs[0].outputs.first().cloned().unwrap_or_default();
                 let mut worst = 0.0f64;
                 let mut err = None;
-                for (a, b) in uo.iter().zip(co) {
+                for (a, b) in uo.iter().zip(&co) {
                     match (a, b) {
                         (Some(a), Some(b)) => match versus(a, b, case.slack) {
                             Ok(w) => worst = worst.max(w),
