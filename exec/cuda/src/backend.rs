@@ -9,10 +9,12 @@
 
 use crate::device::{Device, StreamKind};
 use crate::error::CudaError;
-use crate::kernels::source::{Elem, Reduce};
+use crate::kernels::source::{Elem, Reduce, Softmax};
 use crate::kernels::{Kernels, View, contiguous_strides};
 use crate::matmul::{Blas, Gemm};
+use crate::ops::{attention, conv, create, index, linalg, loss, norm, regions, routing};
 use crate::pool::{Block, Pool, PoolStats};
+use std::collections::HashMap;
 use zerosched_exec::host::{self, Data};
 use zerosched_exec::{Backend, BackendError, Env, NodeError, Value};
 use zerosched_ir::{Arg, Dtype, NodeId, TensorMeta};
@@ -32,15 +34,15 @@ impl CudaTensor {
         self.shape.iter().product()
     }
 
-    fn elem(&self) -> Result<Elem, String> {
+    pub(crate) fn elem(&self) -> Result<Elem, String> {
         elem(self.dtype)
     }
 
-    fn is_contiguous(&self) -> bool {
+    pub(crate) fn is_contiguous(&self) -> bool {
         self.offset == 0 && self.strides == contiguous_strides(&self.shape)
     }
 
-    fn view(&self) -> Result<View, String> {
+    pub(crate) fn view(&self) -> Result<View, String> {
         Ok(View {
             ptr: self.block.ptr,
             elem: self.elem()?,
@@ -51,7 +53,7 @@ impl CudaTensor {
     }
 
     /// The same storage, another shape and strides.
-    fn restride(&self, shape: Vec<usize>, strides: Vec<i64>, offset: i64) -> CudaTensor {
+    pub(crate) fn restride(&self, shape: Vec<usize>, strides: Vec<i64>, offset: i64) -> CudaTensor {
         CudaTensor {
             block: self.block,
             dtype: self.dtype,
@@ -62,7 +64,7 @@ impl CudaTensor {
     }
 }
 
-fn elem(d: Dtype) -> Result<Elem, String> {
+pub(crate) fn elem(d: Dtype) -> Result<Elem, String> {
     Elem::of(d).ok_or_else(|| format!("dtype {d} is not supported by the CUDA backend"))
 }
 
@@ -73,8 +75,11 @@ pub type Kernel = fn(&mut Cuda, &Env<'_, CudaTensor>) -> Result<Value<CudaTensor
 pub struct Cuda {
     pub dev: Device,
     pub pool: Pool,
-    k: Kernels,
-    blas: Blas,
+    pub(crate) k: Kernels,
+    pub(crate) blas: Blas,
+    /// Blocks made by view ops that had to copy (a reshape of a strided tensor), by the block
+    /// they view: the core frees the storage class once, through the viewed block.
+    derived: HashMap<u64, Vec<Block>>,
 }
 
 fn kernel_err(e: impl std::fmt::Display) -> BackendError {
@@ -88,6 +93,7 @@ impl Cuda {
             pool: Pool::new(dev),
             k: Kernels::new(dev)?,
             blas: Blas::new(dev)?,
+            derived: HashMap::new(),
         })
     }
 
@@ -114,7 +120,7 @@ impl Cuda {
         })
     }
 
-    fn empty(&mut self, dtype: Dtype, shape: &[usize]) -> Result<CudaTensor, String> {
+    pub(crate) fn empty(&mut self, dtype: Dtype, shape: &[usize]) -> Result<CudaTensor, String> {
         self.empty_on(dtype, shape, StreamKind::Compute)
     }
 
@@ -127,7 +133,7 @@ impl Cuda {
     }
 
     /// `op` of `ins` into a new contiguous tensor of `dtype` and the broadcast shape.
-    fn ew(
+    pub(crate) fn ew(
         &mut self,
         op: &str,
         ins: &[&CudaTensor],
@@ -147,8 +153,41 @@ impl Cuda {
         Ok(out)
     }
 
+    /// `op` of `ins` (broadcast) written into `out`, which may be a strided view.
+    pub(crate) fn ew_into(
+        &mut self,
+        op: &str,
+        ins: &[&CudaTensor],
+        out: &CudaTensor,
+        s: f64,
+    ) -> Result<(), String> {
+        let views = ins
+            .iter()
+            .map(|t| t.view())
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&View> = views.iter().collect();
+        self.k
+            .elementwise(op, &refs, &out.view()?, s, 0.0)
+            .map_err(|e| e.to_string())
+    }
+
+    /// A new tensor of `dtype` and `shape` holding `x` everywhere.
+    pub(crate) fn full(
+        &mut self,
+        dtype: Dtype,
+        shape: &[usize],
+        x: f64,
+    ) -> Result<CudaTensor, String> {
+        let out = self.empty(dtype, shape)?;
+        if let Err(e) = self.ew_into("fill", &[], &out, x) {
+            self.release(&out);
+            return Err(e);
+        }
+        Ok(out)
+    }
+
     /// `t` as a contiguous tensor: itself, or a copy the caller releases (`true`).
-    fn contiguous(&mut self, t: &CudaTensor) -> Result<(CudaTensor, bool), String> {
+    pub(crate) fn contiguous(&mut self, t: &CudaTensor) -> Result<(CudaTensor, bool), String> {
         if t.is_contiguous() {
             return Ok((t.clone(), false));
         }
@@ -191,7 +230,7 @@ impl Cuda {
     }
 
     /// A 0-d tensor holding `x` (uploaded; used for scalar operands without a `*_scalar` row).
-    fn scalar(&mut self, x: f64, dtype: Dtype) -> Result<CudaTensor, String> {
+    pub(crate) fn scalar(&mut self, x: f64, dtype: Dtype) -> Result<CudaTensor, String> {
         let t = self.empty(dtype, &[])?;
         let bytes = encode(t.elem()?, &[x]);
         self.dev
@@ -202,7 +241,9 @@ impl Cuda {
 }
 
 /// numpy broadcasting of the shapes.
-fn broadcast_shape<'a>(shapes: impl Iterator<Item = &'a [usize]>) -> Result<Vec<usize>, String> {
+pub(crate) fn broadcast_shape<'a>(
+    shapes: impl Iterator<Item = &'a [usize]>,
+) -> Result<Vec<usize>, String> {
     let mut out: Vec<usize> = vec![];
     for s in shapes {
         if s.len() > out.len() {
@@ -224,7 +265,7 @@ fn broadcast_shape<'a>(shapes: impl Iterator<Item = &'a [usize]>) -> Result<Vec<
 }
 
 /// Storage bytes of `v` in `e` (floats rounded to nearest even).
-fn encode(e: Elem, v: &[f64]) -> Vec<u8> {
+pub(crate) fn encode(e: Elem, v: &[f64]) -> Vec<u8> {
     let mut b = Vec::with_capacity(v.len() * e.bytes());
     for &x in v {
         match e {
@@ -239,7 +280,7 @@ fn encode(e: Elem, v: &[f64]) -> Vec<u8> {
     b
 }
 
-fn decode(e: Elem, b: &[u8]) -> Vec<f64> {
+pub(crate) fn decode(e: Elem, b: &[u8]) -> Vec<f64> {
     b.chunks_exact(e.bytes())
         .map(|c| match e {
             Elem::F32 => f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
@@ -403,13 +444,18 @@ impl Backend for Cuda {
     }
 
     fn free(&mut self, t: CudaTensor) {
-        self.release(&t);
+        let mut blocks = vec![t.block];
+        while let Some(b) = blocks.pop() {
+            // Errors here can only be a block the pool does not know, which the core never frees.
+            let _ = self.pool.free(b, &[StreamKind::Compute, StreamKind::Comm]);
+            blocks.extend(self.derived.remove(&b.ptr).unwrap_or_default());
+        }
     }
 }
 
 // Argument readers.
 
-fn int(a: &Arg<NodeId>) -> Result<i64, String> {
+pub(crate) fn int(a: &Arg<NodeId>) -> Result<i64, String> {
     match a {
         Arg::Bool(b) => Ok(i64::from(*b)),
         _ => a
@@ -418,14 +464,14 @@ fn int(a: &Arg<NodeId>) -> Result<i64, String> {
     }
 }
 
-fn ints(a: &Arg<NodeId>) -> Result<Vec<i64>, String> {
+pub(crate) fn ints(a: &Arg<NodeId>) -> Result<Vec<i64>, String> {
     match a {
         Arg::List(items) => items.iter().map(int).collect(),
         _ => Ok(vec![int(a)?]),
     }
 }
 
-fn number(a: &Arg<NodeId>) -> Option<f64> {
+pub(crate) fn number(a: &Arg<NodeId>) -> Option<f64> {
     match a {
         Arg::Int(i) => Some(*i as f64),
         Arg::Float(x) => Some(*x),
@@ -435,7 +481,7 @@ fn number(a: &Arg<NodeId>) -> Option<f64> {
     }
 }
 
-fn norm_dim(d: i64, rank: usize) -> Result<usize, String> {
+pub(crate) fn norm_dim(d: i64, rank: usize) -> Result<usize, String> {
     let r = rank.max(1) as i64;
     let x = if d < 0 { d + r } else { d };
     if (0..r).contains(&x) {
@@ -445,11 +491,11 @@ fn norm_dim(d: i64, rank: usize) -> Result<usize, String> {
     }
 }
 
-fn out_dtype(env: &Env<'_, CudaTensor>, fallback: Dtype) -> Dtype {
+pub(crate) fn out_dtype(env: &Env<'_, CudaTensor>, fallback: Dtype) -> Dtype {
     env.out_meta().map_or(fallback, |m| m.dtype)
 }
 
-fn one(t: CudaTensor) -> Result<Value<CudaTensor>, String> {
+pub(crate) fn one(t: CudaTensor) -> Result<Value<CudaTensor>, String> {
     Ok(Value::Tensor(t))
 }
 
@@ -482,31 +528,126 @@ pub fn resolve(target: &str) -> Option<Kernel> {
         "aten.pow.Tensor_Scalar" => pow_scalar,
         "aten._to_copy.default" | "prims.convert_element_type.default" => to_copy,
         "aten.clone.default" => |c, e| unary(c, e, "copy"),
-        // An alias is a view: the executor frees its storage class once, through either.
-        "aten.alias.default" => |_, e| one(tensor(e, 0)?.clone()),
-        "aten.view.default" | "aten._unsafe_view.default" | "aten.reshape.default" => view,
-        "aten.unsqueeze.default" => unsqueeze,
-        "aten.squeeze.dims" | "aten.squeeze.dim" | "aten.squeeze.default" => squeeze,
-        "aten.permute.default" => permute,
-        "aten.t.default" => |c, e| transpose_dims(c, e, Some((0, 1))),
-        "aten.transpose.int" => |c, e| transpose_dims(c, e, None),
-        "aten.expand.default" => expand,
-        "aten.slice.Tensor" => slice,
+        "aten.lift_fresh_copy.default" => |c, e| unary(c, e, "copy"),
+        // The view ops: a view of the input's block when the node aliases its input (the
+        // executor frees the storage class once, through either), else a copy of its own.
+        "aten.alias.default" | "aten.detach.default" => {
+            |c, e| viewing(c, e, |_, e| one(tensor(e, 0)?.clone()))
+        }
+        "aten.view.default" | "aten._unsafe_view.default" | "aten.reshape.default" => {
+            |c, e| viewing(c, e, view)
+        }
+        "aten.unsqueeze.default" => |c, e| viewing(c, e, unsqueeze),
+        "aten.squeeze.dims" | "aten.squeeze.dim" | "aten.squeeze.default" => {
+            |c, e| viewing(c, e, squeeze)
+        }
+        "aten.permute.default" => |c, e| viewing(c, e, permute),
+        "aten.t.default" => |c, e| viewing(c, e, |c, e| transpose_dims(c, e, Some((0, 1)))),
+        "aten.transpose.int" => |c, e| viewing(c, e, |c, e| transpose_dims(c, e, None)),
+        "aten.expand.default" => |c, e| viewing(c, e, expand),
+        "aten.slice.Tensor" => |c, e| viewing(c, e, slice),
+        "aten.select.int" => |c, e| viewing(c, e, select),
+        "aten.split.Tensor" => |c, e| viewing(c, e, |c, e| split(c, e, false)),
+        "aten.split_with_sizes.default" => |c, e| viewing(c, e, |c, e| split(c, e, true)),
         "aten.cat.default" => cat,
         "aten.sum.dim_IntList" | "aten.sum.default" => |c, e| reduce(c, e, Reduce::Sum),
         "aten.mean.dim" => |c, e| reduce(c, e, Reduce::Mean),
-        "aten._softmax.default" => |c, e| softmax(c, e, false),
-        "aten._log_softmax.default" => |c, e| softmax(c, e, true),
+        "aten._softmax.default" => |c, e| softmax(c, e, Softmax::Plain),
+        "aten._log_softmax.default" => |c, e| softmax(c, e, Softmax::Log),
+        "aten._safe_softmax.default" => |c, e| softmax(c, e, Softmax::Safe),
         "aten.mm.default" => |c, e| matmul(c, e, false),
         "aten.bmm.default" => |c, e| matmul(c, e, true),
         "aten.embedding.default" => embedding,
         "aten.gather.default" => gather,
         "operator.getitem" => getitem,
+        // Activations and their backward forms, from the elementwise table.
+        "aten.relu.default" => |c, e| unary(c, e, "relu"),
+        "aten.silu.default" => |c, e| unary(c, e, "silu"),
+        "aten.erf.default" => |c, e| unary(c, e, "erf"),
+        "aten.abs.default" => |c, e| unary(c, e, "abs"),
+        "aten.logical_not.default" => |c, e| unary(c, e, "logical_not"),
+        "aten.gelu.default" => |c, e| {
+            let op = if gelu_tanh(e, 1)? {
+                "gelu_tanh"
+            } else {
+                "gelu"
+            };
+            unary(c, e, op)
+        },
+        "aten.gelu_backward.default" => |c, e| {
+            let op = if gelu_tanh(e, 2)? {
+                "gelu_tanh_backward"
+            } else {
+                "gelu_backward"
+            };
+            binary(c, e, op, false)
+        },
+        "aten.silu_backward.default" => |c, e| binary(c, e, "silu_backward", false),
+        "aten.threshold_backward.default" => threshold_backward,
+        "aten.minimum.default" => |c, e| binary(c, e, "minimum", false),
+        "aten.maximum.default" => |c, e| binary(c, e, "maximum", false),
+        "aten.div.Tensor_mode" => |c, e| {
+            let op = match e.node().kwargs.get("rounding_mode") {
+                Some(Arg::Str(m)) if m == "floor" => "div_floor",
+                Some(Arg::Str(m)) if m == "trunc" => "div_trunc",
+                None | Some(Arg::None) => "div",
+                Some(m) => return Err(format!("rounding_mode {m:?}")),
+            };
+            binary(c, e, op, false)
+        },
+        "aten.any.dim" | "aten.any.dims" | "aten.any.default" => |c, e| reduce(c, e, Reduce::Any),
+        // Creation.
+        "aten.full.default" => |c, e| create::sized(c, e, None),
+        "aten.zeros.default" => |c, e| create::sized(c, e, Some(0.0)),
+        "aten.ones.default" => |c, e| create::sized(c, e, Some(1.0)),
+        "aten.full_like.default" => |c, e| create::like(c, e, None),
+        "aten.zeros_like.default" => |c, e| create::like(c, e, Some(0.0)),
+        "aten.ones_like.default" => |c, e| create::like(c, e, Some(1.0)),
+        "aten.new_full.default" => |c, e| create::new(c, e, None),
+        "aten.new_zeros.default" => |c, e| create::new(c, e, Some(0.0)),
+        "aten.new_ones.default" => |c, e| create::new(c, e, Some(1.0)),
+        "aten.scalar_tensor.default" => create::scalar_tensor,
+        "aten.arange.start_step" | "aten.arange.start" | "aten.arange.default" => create::arange,
+        "aten.empty_permuted.default" | "aten.empty.memory_format" => create::empty,
+        // Region writes.
+        "aten.slice_scatter.default" => regions::slice_scatter,
+        "aten.select_scatter.default" => regions::select_scatter,
+        "aten.slice_backward.default" => regions::slice_backward,
+        "aten.select_backward.default" => regions::select_backward,
+        "aten.constant_pad_nd.default" => regions::constant_pad_nd,
+        "aten.copy.default" => regions::copy,
+        "aten.fill.Scalar" | "aten.fill.Tensor" => regions::fill,
+        "aten.masked_fill.Scalar" | "aten.masked_fill.Tensor" => regions::masked_fill,
+        // Indexing.
+        "aten.index.Tensor" => index::index,
+        "aten.index_put.default" => index::index_put,
+        "aten.scatter.src" | "aten.scatter.value" => |c, e| index::scatter(c, e, false),
+        "aten.scatter_add.default" => |c, e| index::scatter(c, e, true),
+        "aten.embedding_dense_backward.default" => index::embedding_dense_backward,
+        // Normalisation, losses, softmax backward.
+        "aten.native_layer_norm.default" => |c, e| norm::layer_norm(c, e, true),
+        "aten.layer_norm.default" => |c, e| norm::layer_norm(c, e, false),
+        "aten.native_layer_norm_backward.default" => norm::layer_norm_backward,
+        "aten._softmax_backward_data.default" => |c, e| loss::softmax_backward(c, e, false),
+        "aten._log_softmax_backward_data.default" => |c, e| loss::softmax_backward(c, e, true),
+        "aten.nll_loss_forward.default" => loss::nll_loss_forward,
+        "aten.nll_loss_backward.default" => loss::nll_loss_backward,
+        // Attention, products, convolution, routing.
+        "aten._scaled_dot_product_flash_attention_for_cpu.default" => attention::forward,
+        "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" => attention::backward,
+        "aten.addmm.default" => linalg::addmm,
+        "aten._grouped_mm.default" => linalg::grouped_mm,
+        "aten.convolution.default" => conv::convolution,
+        "aten.convolution_backward.default" => conv::convolution_backward,
+        "aten.cumsum.default" => routing::cumsum,
+        "aten.sort.default" | "aten.sort.stable" => routing::sort,
+        "aten.topk.default" => routing::topk,
+        "aten.histc.default" => routing::histc,
         _ => return None,
     })
 }
 
-fn tensor<'a>(env: &Env<'a, CudaTensor>, i: usize) -> Result<&'a CudaTensor, String> {
+pub(crate) fn tensor<'a>(env: &Env<'a, CudaTensor>, i: usize) -> Result<&'a CudaTensor, String> {
     env.tensor(env.arg(i)?)
 }
 
@@ -580,6 +721,28 @@ fn where_(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, 
     one(out?)
 }
 
+/// Whether gelu's `approximate` argument (at `i`, or by keyword) is `'tanh'`.
+fn gelu_tanh(env: &Env<'_, CudaTensor>, i: usize) -> Result<bool, String> {
+    match env.arg_or_kw(i, "approximate") {
+        None | Some(Arg::None) => Ok(false),
+        Some(Arg::Str(s)) if s == "none" => Ok(false),
+        Some(Arg::Str(s)) if s == "tanh" => Ok(true),
+        Some(a) => Err(format!(
+            "gelu: approximate={a:?} is neither 'none' nor 'tanh'"
+        )),
+    }
+}
+
+/// `threshold_backward(grad, x, threshold)`: the gradient where `x > threshold`, else 0.
+fn threshold_backward(
+    c: &mut Cuda,
+    env: &Env<'_, CudaTensor>,
+) -> Result<Value<CudaTensor>, String> {
+    let (g, x) = (tensor(env, 0)?, tensor(env, 1)?);
+    let th = number(env.arg(2)?).ok_or("threshold is not a number")?;
+    one(c.ew("threshold_backward", &[g, x], out_dtype(env, g.dtype), th)?)
+}
+
 fn pow_scalar(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
     let x = tensor(env, 0)?;
     let p = number(env.arg(1)?).ok_or("pow exponent is not a number")?;
@@ -596,7 +759,7 @@ fn to_copy(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>,
 }
 
 /// The target shape of a view (one `-1` inferred).
-fn view_shape(numel: usize, spec: &[i64]) -> Result<Vec<usize>, String> {
+pub(crate) fn view_shape(numel: usize, spec: &[i64]) -> Result<Vec<usize>, String> {
     let known: i64 = spec.iter().filter(|&&d| d != -1).product();
     spec.iter()
         .map(|&d| match d {
@@ -620,6 +783,100 @@ fn view(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, St
     // non-contiguous tensor is a reshape torch proved copy-free, the values are the same).
     let copy = c.ew("copy", &[x], x.dtype, 0.0)?;
     one(copy.restride(shape.clone(), contiguous_strides(&shape), 0))
+}
+
+/// Whether the node's output shares its first argument's storage: `meta.aliases` when the
+/// exporter recorded it, else aten's table of view ops (the alias analysis's rule).
+fn aliases_input(env: &Env<'_, CudaTensor>) -> bool {
+    let n = env.node();
+    match &n.meta.aliases {
+        Some(idx) => !idx.is_empty(),
+        None => zerosched_ir::aten::is_view(&n.target),
+    }
+}
+
+/// Runs a view op `k` and makes its result agree with the storage class the executor gives
+/// the node: a node that aliases its input returns views (a copy `k` had to make, a reshape of
+/// a strided tensor, is freed with the viewed block); one that does not (an exported
+/// `_unsafe_view` is its own allocation) returns storage of its own.
+fn viewing(
+    c: &mut Cuda,
+    env: &Env<'_, CudaTensor>,
+    k: Kernel,
+) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    let alias = aliases_input(env);
+    let own = |c: &mut Cuda, t: CudaTensor| -> Result<CudaTensor, String> {
+        if t.block == x.block {
+            if alias {
+                return Ok(t);
+            }
+            return c.ew("copy", &[&t], t.dtype, 0.0);
+        }
+        if alias {
+            c.derived.entry(x.block.ptr).or_default().push(t.block);
+        }
+        Ok(t)
+    };
+    Ok(match k(c, env)? {
+        Value::Tensor(t) => Value::Tensor(own(c, t)?),
+        Value::List(ts) => Value::List(
+            ts.into_iter()
+                .map(|t| t.map(|t| own(c, t)).transpose())
+                .collect::<Result<_, _>>()?,
+        ),
+        v => v,
+    })
+}
+
+fn select(_: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    let d = norm_dim(int(env.arg(1)?)?, x.shape.len())?;
+    one(regions::select_view(x, d, int(env.arg(2)?)?)?)
+}
+
+/// `split` (equal chunks of a size, the last smaller) or `split_with_sizes`: views.
+fn split(
+    _: &mut Cuda,
+    env: &Env<'_, CudaTensor>,
+    sizes: bool,
+) -> Result<Value<CudaTensor>, String> {
+    let x = tensor(env, 0)?;
+    let d = norm_dim(
+        env.arg_or_kw(2, "dim").map(int).transpose()?.unwrap_or(0),
+        x.shape.len(),
+    )?;
+    let n = x.shape[d];
+    let parts: Vec<usize> = if sizes {
+        ints(env.arg(1)?)?
+            .into_iter()
+            .map(|v| v.max(0) as usize)
+            .collect()
+    } else {
+        let each = usize::try_from(int(env.arg(1)?)?)
+            .ok()
+            .filter(|&e| e > 0)
+            .ok_or("split size must be positive")?;
+        (0..n.div_ceil(each).max(1))
+            .map(|i| each.min(n - (i * each).min(n)))
+            .collect()
+    };
+    if parts.iter().sum::<usize>() != n {
+        return Err(format!("split sizes {parts:?} of a dimension of {n}"));
+    }
+    let mut at = 0i64;
+    let mut out = vec![];
+    for p in parts {
+        let mut shape = x.shape.clone();
+        shape[d] = p;
+        out.push(Some(x.restride(
+            shape,
+            x.strides.clone(),
+            x.offset + at * x.strides[d],
+        )));
+        at += p as i64;
+    }
+    Ok(Value::List(out))
 }
 
 fn unsqueeze(_: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
@@ -731,25 +988,16 @@ fn slice(_: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, S
         env.arg_or_kw(1, "dim").map(int).transpose()?.unwrap_or(0),
         x.shape.len(),
     )?;
-    let n = x.shape[d] as i64;
-    let bound = |a: Option<&Arg<NodeId>>, default: i64| -> Result<i64, String> {
-        let v = match a {
-            None | Some(Arg::None) => default,
-            Some(a) => int(a)?,
-        };
-        Ok((if v < 0 { v + n } else { v }).clamp(0, n))
+    let bound = |a: Option<&Arg<NodeId>>| -> Result<Option<i64>, String> {
+        match a {
+            None | Some(Arg::None) => Ok(None),
+            Some(a) => int(a).map(Some),
+        }
     };
-    let start = bound(env.arg_or_kw(2, "start"), 0)?;
-    let end = bound(env.arg_or_kw(3, "end"), n)?.max(start);
+    let start = bound(env.arg_or_kw(2, "start"))?;
+    let end = bound(env.arg_or_kw(3, "end"))?;
     let step = env.arg_or_kw(4, "step").map(int).transpose()?.unwrap_or(1);
-    if step < 1 {
-        return Err(format!("slice step {step}"));
-    }
-    let (mut shape, mut strides) = (x.shape.clone(), x.strides.clone());
-    shape[d] = ((end - start) as usize).div_ceil(step as usize);
-    let offset = x.offset + start * strides[d];
-    strides[d] *= step;
-    one(x.restride(shape, strides, offset))
+    one(regions::slice_view(x, d, start, end, step)?)
 }
 
 fn cat(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
@@ -806,7 +1054,7 @@ fn cat(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, Str
 
 /// Moves `dims` of `x` to the end, as a contiguous copy when that is not already its layout:
 /// returns the tensor (released by the caller when `true`), the kept sizes and the reduced size.
-fn gather_dims_last(
+pub(crate) fn gather_dims_last(
     c: &mut Cuda,
     x: &CudaTensor,
     dims: &[usize],
@@ -840,7 +1088,21 @@ fn reduce(
     };
     let keepdim = matches!(env.arg_or_kw(2, "keepdim"), Some(Arg::Bool(true)));
     let dt = out_dtype(env, x.dtype);
-    let (t, temp, kept, r) = gather_dims_last(c, x, &dims)?;
+    one(reduce_dims(c, x, &dims, keepdim, op, dt)?)
+}
+
+/// `op` of `x` over `dims` into a new tensor of `dt` (the reduced dimensions kept as size 1
+/// with `keepdim`).
+pub(crate) fn reduce_dims(
+    c: &mut Cuda,
+    x: &CudaTensor,
+    dims: &[usize],
+    keepdim: bool,
+    op: Reduce,
+    dt: Dtype,
+) -> Result<CudaTensor, String> {
+    let rank = x.shape.len();
+    let (t, temp, kept, r) = gather_dims_last(c, x, dims)?;
     let outer: usize = kept.iter().product();
     let shape: Vec<usize> = if keepdim {
         (0..rank)
@@ -865,19 +1127,33 @@ fn reduce(
     if temp {
         c.release(&t);
     }
-    res?;
-    one(out)
+    if let Err(e) = res {
+        c.release(&out);
+        return Err(e);
+    }
+    Ok(out)
 }
 
 fn softmax(
     c: &mut Cuda,
     env: &Env<'_, CudaTensor>,
-    log: bool,
+    mode: Softmax,
 ) -> Result<Value<CudaTensor>, String> {
     let x = tensor(env, 0)?;
-    let rank = x.shape.len();
-    let d = norm_dim(int(env.arg(1)?)?, rank)?;
+    let d = norm_dim(int(env.arg(1)?)?, x.shape.len())?;
     let dt = out_dtype(env, x.dtype);
+    one(softmax_dim(c, x, d, dt, mode)?)
+}
+
+/// A softmax-family op of `x` along `d`, in `dt`.
+pub(crate) fn softmax_dim(
+    c: &mut Cuda,
+    x: &CudaTensor,
+    d: usize,
+    dt: Dtype,
+    mode: Softmax,
+) -> Result<CudaTensor, String> {
+    let rank = x.shape.len();
     let src = if dt == x.dtype {
         x.clone()
     } else {
@@ -887,7 +1163,7 @@ fn softmax(
     let rows: usize = kept.iter().product();
     let out = c.empty(dt, &t.shape)?;
     let res =
-        c.k.softmax(t.block.ptr, out.block.ptr, elem(dt)?, rows, cols, log)
+        c.k.softmax(t.block.ptr, out.block.ptr, elem(dt)?, rows, cols, mode, 0)
             .map_err(|e| e.to_string());
     if temp {
         c.release(&t);
@@ -897,7 +1173,7 @@ fn softmax(
     }
     res?;
     if d + 1 == rank.max(1) {
-        return one(out);
+        return Ok(out);
     }
     // Back to the input's dimension order: the moved axis returns to `d`.
     let mut order: Vec<usize> = (0..rank - 1).collect();
@@ -909,7 +1185,7 @@ fn softmax(
     );
     let result = c.ew("copy", &[&back], dt, 0.0);
     c.release(&out);
-    one(result?)
+    result
 }
 
 fn matmul(
@@ -926,10 +1202,24 @@ fn matmul(
         ));
     }
     let dt = out_dtype(env, a.dtype);
-    // A 2-d operand stored transposed (strides [1, rows]) is read transposed in place; any
+    one(product(c, a, b, dt)?)
+}
+
+/// `a · b` of two 2-d or two 3-d (batched) tensors into a new tensor of `dt`.
+pub(crate) fn product(
+    c: &mut Cuda,
+    a: &CudaTensor,
+    b: &CudaTensor,
+    dt: Dtype,
+) -> Result<CudaTensor, String> {
+    let n = a.shape.len();
+    if !(2..=3).contains(&n) || b.shape.len() != n {
+        return Err(format!("product of {:?} and {:?}", a.shape, b.shape));
+    }
+    let batched = n == 3;
+    // A matrix stored transposed (strides [.., 1, rows]) is read transposed in place; any
     // other layout is copied contiguous first.
     let operand = |c: &mut Cuda, t: &CudaTensor| -> Result<(CudaTensor, bool, bool), String> {
-        let n = t.shape.len();
         let (r, k) = (t.shape[n - 2], t.shape[n - 1]);
         if t.dtype == dt && t.offset == 0 && (n == 2 || t.strides[0] == (r * k) as i64) {
             if t.strides[n - 1] == 1 && t.strides[n - 2] == k as i64 {
@@ -941,47 +1231,49 @@ fn matmul(
         }
         Ok((c.ew("copy", &[t], dt, 0.0)?, false, true))
     };
-    let (ta, trans_a, temp_a) = operand(c, a)?;
-    let (tb, trans_b, temp_b) = operand(c, b)?;
-    let n = a.shape.len();
     let (m, k, nn) = (a.shape[n - 2], a.shape[n - 1], b.shape[n - 1]);
     if b.shape[n - 2] != k || (batched && a.shape[0] != b.shape[0]) {
         return Err(format!("product of {:?} and {:?}", a.shape, b.shape));
     }
+    let (ta, trans_a, temp_a) = operand(c, a)?;
+    let (tb, trans_b, temp_b) = operand(c, b)?;
     let batch = if batched { a.shape[0] } else { 1 };
     let mut shape = vec![m, nn];
     if batched {
         shape.insert(0, batch);
     }
-    let out = c.empty(dt, &shape)?;
-    let g = Gemm {
-        m,
-        n: nn,
-        k,
-        batch,
-        trans_a,
-        trans_b,
-        stride_a: m * k,
-        stride_b: k * nn,
-        elem: elem(dt)?,
-    };
-    let res = c
-        .blas
-        .gemm(&g, ta.block.ptr, tb.block.ptr, out.block.ptr)
-        .map_err(|e| e.to_string());
+    let res = c.empty(dt, &shape).and_then(|out| {
+        let g = Gemm {
+            m,
+            n: nn,
+            k,
+            batch,
+            trans_a,
+            trans_b,
+            stride_a: m * k,
+            stride_b: k * nn,
+            elem: elem(dt)?,
+        };
+        match c.blas.gemm(&g, ta.block.ptr, tb.block.ptr, out.block.ptr) {
+            Ok(()) => Ok(out),
+            Err(e) => {
+                c.release(&out);
+                Err(e.to_string())
+            }
+        }
+    });
     if temp_a {
         c.release(&ta);
     }
     if temp_b {
         c.release(&tb);
     }
-    res?;
-    one(out)
+    res
 }
 
 /// Reads the out-of-range flag of an indexing kernel (a host synchronisation: indices come
 /// from data, and a bad one must fail the node, not later ones).
-fn checked_flag(c: &mut Cuda, bad: &CudaTensor, what: &str) -> Result<(), String> {
+pub(crate) fn checked_flag(c: &mut Cuda, bad: &CudaTensor, what: &str) -> Result<(), String> {
     let mut flag = [0u8; 4];
     let r = c
         .dev
@@ -995,7 +1287,7 @@ fn checked_flag(c: &mut Cuda, bad: &CudaTensor, what: &str) -> Result<(), String
     Ok(())
 }
 
-fn flag(c: &mut Cuda) -> Result<CudaTensor, String> {
+pub(crate) fn flag(c: &mut Cuda) -> Result<CudaTensor, String> {
     let bad = c.empty(Dtype::Int32, &[1])?;
     c.dev
         .zero(StreamKind::Compute, bad.block.ptr, 4)
@@ -1127,9 +1419,7 @@ mod tests {
     #[test]
     fn the_backend_resolves_its_ops_and_refuses_others() {
         assert!(resolve("aten.mm.default").is_some());
-        assert!(
-            resolve("aten.native_layer_norm.default").is_none(),
-            "not implemented on the GPU yet"
-        );
+        assert!(resolve("aten.native_layer_norm.default").is_some());
+        assert!(resolve("aten.tril.default").is_none(), "no fixture uses it");
     }
 }

@@ -17,6 +17,7 @@ pub mod kernels;
 pub mod libs;
 pub mod matmul;
 pub mod nccl;
+mod ops;
 pub mod pool;
 pub mod rendezvous;
 pub mod replay;

@@ -1,9 +1,13 @@
 //! The kernel generator: CUDA C from [`source`] (elementwise kernels from the one table in
-//! [`ops`]), compiled with NVRTC the first time a (kernel, dtypes) pair is launched. PTX is
-//! cached per process (every device of the process shares it) and each device loads a module
-//! once; every launch goes on the rank's compute stream.
+//! [`ops`]; the row kernels of [`rows`], the indexing kernels of [`index`] and the image
+//! kernels of [`image`]), compiled with NVRTC the first time a (kernel, dtypes) pair is
+//! launched. PTX is cached per process (every device of the process shares it) and each device
+//! loads a module once; every launch goes on the rank's compute stream.
 
+pub mod image;
+pub mod index;
 pub mod ops;
+pub mod rows;
 pub mod source;
 
 use crate::device::{Device, StreamKind};
@@ -11,7 +15,7 @@ use crate::error::{CudaError, Result};
 use crate::libs::{self, Lib};
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
-use source::{BLOCK, Elem, MAX_DIMS, Reduce};
+use source::{BLOCK, Elem, MAX_DIMS, Reduce, Softmax};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -70,13 +74,55 @@ pub fn broadcast_strides(out: &[usize], v: &View) -> std::result::Result<Vec<i64
     Ok(st)
 }
 
-/// The layout parameter of an elementwise kernel (`struct Lay` of [`source::PRELUDE`]).
+/// The layout parameter of a strided kernel (`struct Lay` of [`source::PRELUDE`]): a shape,
+/// up to three operands' strides and offsets, and the output's.
 #[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct Lay {
-    shape: [i64; MAX_DIMS],
-    st: [[i64; MAX_DIMS]; 3],
-    off: [i64; 3],
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lay {
+    pub shape: [i64; MAX_DIMS],
+    pub st: [[i64; MAX_DIMS]; 3],
+    pub off: [i64; 3],
+    pub ost: [i64; MAX_DIMS],
+    pub ooff: i64,
+}
+
+impl Lay {
+    /// The layout of `out` (any strides) with `ins` broadcast to its shape.
+    pub fn of(out: &View, ins: &[&View]) -> std::result::Result<Lay, String> {
+        if out.shape.len() > MAX_DIMS {
+            return Err(format!(
+                "{} dimensions (at most {MAX_DIMS})",
+                out.shape.len()
+            ));
+        }
+        if ins.len() > 3 {
+            return Err(format!("{} operands (at most 3)", ins.len()));
+        }
+        let mut lay = Lay::default();
+        for (d, n) in out.shape.iter().enumerate() {
+            lay.shape[d] = *n as i64;
+        }
+        lay.ost[..out.strides.len()].copy_from_slice(&out.strides);
+        lay.ooff = out.offset;
+        for (k, v) in ins.iter().enumerate() {
+            let st = broadcast_strides(&out.shape, v)?;
+            lay.st[k][..st.len()].copy_from_slice(&st);
+            lay.off[k] = v.offset;
+        }
+        Ok(lay)
+    }
+}
+
+/// One argument of a generated kernel, in the generated signature's order.
+#[derive(Clone, Debug)]
+pub enum KArg {
+    /// A device address.
+    Ptr(u64),
+    I64(i64),
+    I32(i32),
+    F32(f32),
+    F64(f64),
+    Lay(Box<Lay>),
 }
 
 // SAFETY: plain `#[repr(C)]` integers, the same layout as the C struct.
@@ -88,7 +134,7 @@ fn ptx_cache() -> &'static Mutex<HashMap<String, Ptx>> {
 }
 
 /// Blocks of [`BLOCK`] threads for `n` work items (grid-stride loops cover the rest).
-fn grid(n: u64) -> LaunchConfig {
+pub fn grid(n: u64) -> LaunchConfig {
     let blocks = n.div_ceil(u64::from(BLOCK)).clamp(1, 1 << 16) as u32;
     LaunchConfig {
         grid_dim: (blocks, 1, 1),
@@ -98,7 +144,7 @@ fn grid(n: u64) -> LaunchConfig {
 }
 
 /// Blocks for `n` warps of work.
-fn warp_grid(n: u64) -> LaunchConfig {
+pub fn warp_grid(n: u64) -> LaunchConfig {
     grid(n.saturating_mul(32))
 }
 
@@ -166,8 +212,8 @@ impl Kernels {
         Ok(f)
     }
 
-    /// `out = op(ins...)` into a contiguous `out` of `out_shape`, inputs broadcast;
-    /// `s`, `t` are the op's scalars (see [`ops`]).
+    /// `out = op(ins...)` into `out` (any strides: a view of a larger tensor is written in
+    /// place), inputs broadcast to its shape; `s`, `t` are the op's scalars (see [`ops`]).
     pub fn elementwise(
         &mut self,
         op: &str,
@@ -178,40 +224,59 @@ impl Kernels {
     ) -> Result<()> {
         let expr =
             ops::find(op).ok_or_else(|| CudaError::Invalid(format!("no elementwise op `{op}`")))?;
-        if out.shape.len() > MAX_DIMS {
-            return Err(CudaError::Invalid(format!(
-                "{} dimensions (at most {MAX_DIMS})",
-                out.shape.len()
-            )));
-        }
+        let lay = Lay::of(out, ins).map_err(CudaError::Invalid)?;
         let elems: Vec<Elem> = ins.iter().map(|v| v.elem).collect();
         let name = source::elementwise_name(expr, &elems, out.elem);
-        let f = self.function(&name, || source::elementwise(expr, &elems, out.elem))?;
-        let mut lay = Lay::default();
-        for (d, n) in out.shape.iter().enumerate() {
-            lay.shape[d] = *n as i64;
-        }
-        for (k, v) in ins.iter().enumerate() {
-            let st = broadcast_strides(&out.shape, v).map_err(CudaError::Invalid)?;
-            lay.st[k][..st.len()].copy_from_slice(&st);
-            lay.off[k] = v.offset;
-        }
         let n = out.numel() as i64;
         if n == 0 {
             return Ok(());
         }
-        let ndim = out.shape.len() as i32;
-        let ptrs: Vec<u64> = ins.iter().map(|v| v.ptr).collect();
+        let mut args = vec![KArg::Ptr(out.ptr)];
+        args.extend(ins.iter().map(|v| KArg::Ptr(v.ptr)));
+        args.extend([
+            KArg::I64(n),
+            KArg::I32(out.shape.len() as i32),
+            KArg::Lay(Box::new(lay)),
+            KArg::F64(s),
+            KArg::F64(t),
+        ]);
+        // The generated signature is `source::elementwise`'s; every pointer is a live pool
+        // block holding its view's extent.
+        self.launch(
+            &name,
+            || source::elementwise(expr, &elems, out.elem),
+            grid(n as u64),
+            &args,
+        )
+    }
+
+    /// Launches the generated kernel `name` (its source from `src` the first time) with
+    /// `args` in its signature's order. The callers pass live pool blocks of the extents the
+    /// kernel's documented signature reads and writes.
+    pub fn launch(
+        &mut self,
+        name: &str,
+        src: impl FnOnce() -> std::result::Result<String, String>,
+        cfg: LaunchConfig,
+        args: &[KArg],
+    ) -> Result<()> {
+        let f = self.function(name, src)?;
         let stream = self.dev.stream(StreamKind::Compute);
         let mut b = stream.launch_builder(&f);
-        b.arg(&out.ptr);
-        for p in &ptrs {
-            b.arg(p);
+        for a in args {
+            match a {
+                KArg::Ptr(v) => b.arg(v),
+                KArg::I64(v) => b.arg(v),
+                KArg::I32(v) => b.arg(v),
+                KArg::F32(v) => b.arg(v),
+                KArg::F64(v) => b.arg(v),
+                KArg::Lay(v) => b.arg(&**v),
+            };
         }
-        b.arg(&n).arg(&ndim).arg(&lay).arg(&s).arg(&t);
-        // SAFETY: the signature is the generated one (`source::elementwise`); every pointer is
-        // a live pool block holding its view's extent.
-        unsafe { b.launch(grid(n as u64)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
+        // SAFETY: `args` follow the generated signature of `name` (each caller builds them
+        // from the signature documented beside its source), and every pointer is a live pool
+        // block of the extent that signature reads or writes.
+        unsafe { b.launch(cfg) }.map_err(CudaError::driver("cuLaunchKernel"))?;
         Ok(())
     }
 
@@ -246,7 +311,9 @@ impl Kernels {
         Ok(())
     }
 
-    /// Softmax or log-softmax over the last axis of contiguous `[rows, cols]` `x`.
+    /// A softmax-family kernel over the last axis of contiguous `[rows, cols]` `x`; `lse`
+    /// (0 for none) receives each row's f32 log-sum-exp.
+    #[allow(clippy::too_many_arguments)]
     pub fn softmax(
         &mut self,
         x: u64,
@@ -254,17 +321,21 @@ impl Kernels {
         e: Elem,
         rows: usize,
         cols: usize,
-        log: bool,
+        mode: Softmax,
+        lse: u64,
     ) -> Result<()> {
-        let name = source::softmax_name(e, log);
-        let f = self.function(&name, || Ok(source::softmax(e, log)))?;
-        let (rows, cols) = (rows as i64, cols as i64);
-        let stream = self.dev.stream(StreamKind::Compute);
-        let mut b = stream.launch_builder(&f);
-        b.arg(&out).arg(&x).arg(&rows).arg(&cols);
-        // SAFETY: generated signature; both buffers hold rows*cols elements.
-        unsafe { b.launch(warp_grid(rows as u64)) }.map_err(CudaError::driver("cuLaunchKernel"))?;
-        Ok(())
+        self.launch(
+            &source::softmax_name(e, mode),
+            || Ok(source::softmax(e, mode)),
+            warp_grid(rows as u64),
+            &[
+                KArg::Ptr(out),
+                KArg::Ptr(x),
+                KArg::I64(rows as i64),
+                KArg::I64(cols as i64),
+                KArg::Ptr(lse),
+            ],
+        )
     }
 
     /// `out[o, i, n] = src[o, idx[i], n]`; `bad` is a zeroed u32 set to 1 on an index out of range.
@@ -413,15 +484,17 @@ mod tests {
             )
             .unwrap(),
         );
-        for e in [Elem::F32, Elem::BF16, Elem::F16] {
+        const FLOATS: [Elem; 3] = [Elem::F32, Elem::BF16, Elem::F16];
+        for e in FLOATS {
             for op in [Reduce::Sum, Reduce::Mean, Reduce::Max, Reduce::Min] {
                 sources.push(source::reduce(op, e, e));
             }
             if e != Elem::F32 {
                 sources.push(source::reduce(Reduce::Sum, e, Elem::F32));
             }
-            sources.push(source::softmax(e, false));
-            sources.push(source::softmax(e, true));
+            for mode in [Softmax::Plain, Softmax::Log, Softmax::Safe] {
+                sources.push(source::softmax(e, mode));
+            }
         }
         for e in all {
             for idx in [Elem::I64, Elem::I32] {
@@ -429,7 +502,39 @@ mod tests {
                 sources.push(source::gather(e, idx));
             }
             sources.push(source::cat(e));
+            for mode in [
+                index::IndexMode::Gather,
+                index::IndexMode::Put,
+                index::IndexMode::Accumulate,
+            ] {
+                sources.push(index::index(mode, e));
+            }
+            for add in [false, true] {
+                for idx in [Elem::I64, Elem::I32] {
+                    sources.push(index::scatter(add, e, idx));
+                }
+            }
+            sources.push(rows::sort(e));
+            for out in all {
+                sources.push(rows::cumsum(e, out));
+            }
         }
+        for e in FLOATS {
+            sources.push(source::reduce(Reduce::Any, e, Elem::Bool));
+            sources.extend([
+                rows::layer_norm(e),
+                rows::layer_norm_backward(e),
+                rows::layer_norm_params_backward(e),
+                rows::histc(e),
+                image::im2col(e),
+                image::col2im(e),
+            ]);
+            for idx in [Elem::I64, Elem::I32] {
+                sources.push(rows::nll_loss(e, idx));
+                sources.push(rows::nll_loss_backward(e, idx));
+            }
+        }
+        sources.push(source::reduce(Reduce::Any, Elem::Bool, Elem::Bool));
         sources.push(source::SPIN.to_string());
         // One program: every name is distinct, so a clash would fail here too.
         let program = format!("{}{}", source::PRELUDE, sources.concat());

@@ -64,7 +64,7 @@ impl Elem {
     }
 
     /// The C storage type.
-    fn ctype(self) -> &'static str {
+    pub fn ctype(self) -> &'static str {
         match self {
             Elem::F32 => "float",
             Elem::BF16 | Elem::F16 => "unsigned short",
@@ -94,12 +94,47 @@ __device__ __forceinline__ long long ld_i32(int x) { return x; }
 __device__ __forceinline__ int st_i32(long long v) { return (int)v; }
 __device__ __forceinline__ long long ld_bool(unsigned char x) { return x != 0; }
 __device__ __forceinline__ unsigned char st_bool(double v) { return v != 0; }
-struct Lay { long long shape[8]; long long st[3][8]; long long off[3]; };
+struct Lay { long long shape[8]; long long st[3][8]; long long off[3]; long long ost[8]; long long ooff; };
 #define ZS_INF __int_as_float(0x7f800000)
+// torch's maximum/minimum and max/min reductions propagate NaN (fmaxf would drop it).
+__device__ __forceinline__ float zs_max(float a, float b) { return (a > b || a != a) ? a : b; }
+__device__ __forceinline__ float zs_min(float a, float b) { return (a < b || a != a) ? a : b; }
+__device__ __forceinline__ long long zs_max(long long a, long long b) { return a > b ? a : b; }
+__device__ __forceinline__ long long zs_min(long long a, long long b) { return a < b ? a : b; }
+// Python's floor division, and C's truncating one, for both compute types.
+__device__ __forceinline__ float zs_floordiv(float a, float b) { return floorf(a / b); }
+__device__ __forceinline__ long long zs_floordiv(long long a, long long b) {
+  long long q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+__device__ __forceinline__ float zs_truncdiv(float a, float b) { return truncf(a / b); }
+__device__ __forceinline__ long long zs_truncdiv(long long a, long long b) { return a / b; }
+// Atomic accumulation into each storage type (16- and 8-bit ones by compare-and-swap on the
+// aligned 32-bit word that holds them).
+__device__ __forceinline__ void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add_i64(long long* p, long long v) { atomicAdd((unsigned long long*)p, (unsigned long long)v); }
+__device__ __forceinline__ void atomic_add_i32(int* p, long long v) { atomicAdd(p, (int)v); }
+__device__ __forceinline__ void atomic_add_bool(unsigned char* p, long long v) {
+  unsigned long long a = (unsigned long long)p;
+  if (v != 0) atomicOr((unsigned int*)(a & ~3ull), 1u << (8 * (unsigned int)(a & 3ull)));
+}
+#define ZS_ATOMIC16(TAG) \
+__device__ __forceinline__ void atomic_add_##TAG(unsigned short* p, float v) { \
+  unsigned long long a = (unsigned long long)p; \
+  unsigned int* w = (unsigned int*)(a & ~3ull); \
+  unsigned int shift = (a & 2ull) ? 16u : 0u; \
+  unsigned int old = *w, assumed; \
+  do { \
+    assumed = old; \
+    unsigned short h = st_##TAG(ld_##TAG((unsigned short)((assumed >> shift) & 0xffffu)) + v); \
+    old = atomicCAS(w, assumed, (assumed & ~(0xffffu << shift)) | ((unsigned int)h << shift)); \
+  } while (assumed != old); \
+}
+ZS_ATOMIC16(bf16)
+ZS_ATOMIC16(f16)
 "#;
 
 /// The compute type of a kernel over these element types: f32 if any is floating point.
-fn compute_type(elems: &[Elem]) -> &'static str {
+pub(crate) fn compute_type(elems: &[Elem]) -> &'static str {
     if elems.iter().any(|e| e.is_float()) {
         "float"
     } else {
@@ -113,9 +148,10 @@ pub fn elementwise_name(op: &OpExpr, ins: &[Elem], out: Elem) -> String {
     format!("ew_{}_{}_to_{}", op.name, ins.join("_"), out.tag())
 }
 
-/// An elementwise kernel: `out[i] = op(a[ia], b[ib], c[ic])` over a contiguous output of `n`
-/// elements, each input addressed through its own strides (0 on broadcast dimensions).
-/// Signature: `(out, a[, b[, c]], n, ndim, Lay, s, t)`.
+/// An elementwise kernel: `out[io] = op(a[ia], b[ib], c[ic])` over the `n` elements of the
+/// output's shape (`i` their row-major index, which an expression may read), the output and
+/// each input addressed through its own strides (0 on broadcast dimensions) and offset.
+/// Signature: `(out[, a[, b[, c]]], n, ndim, Lay, s, t)`.
 pub fn elementwise(op: &OpExpr, ins: &[Elem], out: Elem) -> Result<String, String> {
     if ins.len() != op.arity {
         return Err(format!(
@@ -141,13 +177,11 @@ pub fn elementwise(op: &OpExpr, ins: &[Elem], out: Elem) -> Result<String, Strin
         params += &format!(", const {}* __restrict__ p{v}", e.ctype());
     }
     let offsets: String = (0..ins.len())
-        .map(|k| format!("long long i{} = lay.off[{k}];", vars[k]))
-        .collect::<Vec<_>>()
-        .join(" ");
+        .map(|k| format!(" long long i{} = lay.off[{k}];", vars[k]))
+        .collect();
     let steps: String = (0..ins.len())
-        .map(|k| format!("i{} += q * lay.st[{k}][d];", vars[k]))
-        .collect::<Vec<_>>()
-        .join(" ");
+        .map(|k| format!(" i{} += q * lay.st[{k}][d];", vars[k]))
+        .collect();
     let loads: String = ins
         .iter()
         .enumerate()
@@ -164,9 +198,9 @@ pub fn elementwise(op: &OpExpr, ins: &[Elem], out: Elem) -> Result<String, Strin
 extern "C" __global__ void {name}({params}, long long n, int ndim, Lay lay, double s, double t) {{
   typedef {c} C;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {{
-    long long r = i; {offsets}
-    for (int d = ndim - 1; d >= 0; --d) {{ long long q = r % lay.shape[d]; r /= lay.shape[d]; {steps} }}
-{loads}    out[i] = st_{o}({expr});
+    long long r = i; long long io = lay.ooff;{offsets}
+    for (int d = ndim - 1; d >= 0; --d) {{ long long q = r % lay.shape[d]; r /= lay.shape[d]; io += q * lay.ost[d];{steps} }}
+{loads}    out[io] = st_{o}({expr});
   }}
 }}
 "#,
@@ -181,8 +215,11 @@ pub enum Reduce {
     Sum,
     /// Sum times the `scale` parameter (1/r for a mean).
     Mean,
+    /// NaN-propagating, as torch's.
     Max,
     Min,
+    /// Whether any element is non-zero (1 or 0).
+    Any,
 }
 
 impl Reduce {
@@ -190,8 +227,9 @@ impl Reduce {
         match self {
             Reduce::Sum => ("sum", "0.0f", "acc + v"),
             Reduce::Mean => ("mean", "0.0f", "acc + v"),
-            Reduce::Max => ("max", "-ZS_INF", "fmaxf(acc, v)"),
-            Reduce::Min => ("min", "ZS_INF", "fminf(acc, v)"),
+            Reduce::Max => ("max", "-ZS_INF", "zs_max(acc, v)"),
+            Reduce::Min => ("min", "ZS_INF", "zs_min(acc, v)"),
+            Reduce::Any => ("any", "0.0f", "((acc != 0.0f || v != 0.0f) ? 1.0f : 0.0f)"),
         }
     }
 }
@@ -231,36 +269,52 @@ extern "C" __global__ void {name}({o}* __restrict__ out, const {i}* __restrict__
     )
 }
 
-pub fn softmax_name(e: Elem, log: bool) -> String {
-    format!("{}softmax_{}", if log { "log_" } else { "" }, e.tag())
+/// What a softmax-family row kernel writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Softmax {
+    Plain,
+    Log,
+    /// `_safe_softmax`: a row of only `-inf` is 0, not NaN (attention's masked rows).
+    Safe,
+}
+
+pub fn softmax_name(e: Elem, mode: Softmax) -> String {
+    let kind = match mode {
+        Softmax::Plain => "softmax",
+        Softmax::Log => "log_softmax",
+        Softmax::Safe => "safe_softmax",
+    };
+    format!("{kind}_{}", e.tag())
 }
 
 /// Softmax (or log-softmax) over the last axis of a contiguous `[rows, cols]` tensor, one
-/// warp per row, f32 throughout. Signature: `(out, x, rows, cols)`.
-pub fn softmax(e: Elem, log: bool) -> String {
-    let write = if log {
-        "v - m - logf(sum)"
-    } else {
-        "expf(v - m) / sum"
+/// warp per row, f32 throughout; `lse`, when not null, receives each row's f32 log-sum-exp
+/// (`-inf` for a row of only `-inf`). Signature: `(out, x, rows, cols, lse)`.
+pub fn softmax(e: Elem, mode: Softmax) -> String {
+    let write = match mode {
+        Softmax::Log => "v - m - logf(sum)",
+        Softmax::Plain => "expf(v - m) / sum",
+        Softmax::Safe => "(m == -ZS_INF ? 0.0f : expf(v - m) / sum)",
     };
     format!(
         r#"
-extern "C" __global__ void {name}({t}* __restrict__ out, const {t}* __restrict__ x, long long rows, long long cols) {{
+extern "C" __global__ void {name}({t}* __restrict__ out, const {t}* __restrict__ x, long long rows, long long cols, float* lse) {{
   long long warps = (long long)gridDim.x * (blockDim.x / 32);
   int lane = threadIdx.x % 32;
   for (long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {{
     const {t}* in = x + row * cols;
     float m = -ZS_INF;
-    for (long long j = lane; j < cols; j += 32) m = fmaxf(m, ld_{g}(in[j]));
-    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    for (long long j = lane; j < cols; j += 32) m = zs_max(m, ld_{g}(in[j]));
+    for (int off = 16; off > 0; off >>= 1) m = zs_max(m, __shfl_xor_sync(0xffffffffu, m, off));
     float sum = 0.0f;
     for (long long j = lane; j < cols; j += 32) sum += expf(ld_{g}(in[j]) - m);
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     for (long long j = lane; j < cols; j += 32) {{ float v = ld_{g}(in[j]); out[row * cols + j] = st_{g}({write}); }}
+    if (lse != 0 && lane == 0) lse[row] = (m == -ZS_INF) ? -ZS_INF : m + logf(sum);
   }}
 }}
 "#,
-        name = softmax_name(e, log),
+        name = softmax_name(e, mode),
         t = e.ctype(),
         g = e.tag(),
     )
@@ -366,12 +420,16 @@ mod tests {
         let src = elementwise(op("add"), &[Elem::BF16, Elem::F32], Elem::F32).unwrap();
         assert!(src.contains("void ew_add_bf16_f32_to_f32(float* __restrict__ out, const unsigned short* __restrict__ pa, const float* __restrict__ pb, long long n, int ndim, Lay lay, double s, double t)"), "{src}");
         assert!(src.contains("typedef float C;"));
-        assert!(src.contains("long long ia = lay.off[0]; long long ib = lay.off[1];"));
-        assert!(src.contains("ia += q * lay.st[0][d]; ib += q * lay.st[1][d];"));
+        assert!(src.contains(
+            "long long io = lay.ooff; long long ia = lay.off[0]; long long ib = lay.off[1];"
+        ));
+        assert!(
+            src.contains("io += q * lay.ost[d]; ia += q * lay.st[0][d]; ib += q * lay.st[1][d];")
+        );
         assert!(
             src.contains("C a = (C)ld_bf16(pa[ia]);") && src.contains("C b = (C)ld_f32(pb[ib]);")
         );
-        assert!(src.contains("out[i] = st_f32(a + (C)s * b);"), "{src}");
+        assert!(src.contains("out[io] = st_f32(a + (C)s * b);"), "{src}");
     }
 
     #[test]
@@ -396,15 +454,19 @@ mod tests {
             "{mean}"
         );
         let max = reduce(Reduce::Max, Elem::F32, Elem::F32);
-        assert!(max.contains("float acc = -ZS_INF;") && max.contains("acc = fmaxf(acc, v);"));
+        assert!(
+            max.contains("float acc = -ZS_INF;") && max.contains("acc = zs_max(acc, v);"),
+            "NaN-propagating: {max}"
+        );
         assert!(max.contains("st_f32(acc)"), "{max}");
     }
 
     #[test]
     fn kernels_differ_by_name_for_every_dtype_and_need_no_header() {
         let names = [
-            softmax_name(Elem::BF16, false),
-            softmax_name(Elem::BF16, true),
+            softmax_name(Elem::BF16, Softmax::Plain),
+            softmax_name(Elem::BF16, Softmax::Log),
+            softmax_name(Elem::BF16, Softmax::Safe),
             index_select_name(Elem::BF16, Elem::I64),
             gather_name(Elem::BF16, Elem::I64),
             cat_name(Elem::BF16),
@@ -413,9 +475,14 @@ mod tests {
         for (i, n) in names.iter().enumerate() {
             assert!(!names[..i].contains(n), "{n} twice");
         }
-        for src in [PRELUDE, &softmax(Elem::F16, true), &cat(Elem::F32), SPIN] {
+        for src in [
+            PRELUDE,
+            &softmax(Elem::F16, Softmax::Log),
+            &cat(Elem::F32),
+            SPIN,
+        ] {
             assert!(!src.contains("#include"), "{src}");
         }
-        assert!(softmax(Elem::F16, true).contains("st_f16(v - m - logf(sum))"));
+        assert!(softmax(Elem::F16, Softmax::Log).contains("st_f16(v - m - logf(sum))"));
     }
 }

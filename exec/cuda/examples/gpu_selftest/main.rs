@@ -2,8 +2,11 @@
 //! f64 (f32, bf16, f16), cuBLAS products and their bf16 rate at 8192³, the pool's peak
 //! accounting and stream-ordered reuse, the spin kernel's accuracy, NCCL collectives at world
 //! size 1, and the collective table (written to `$OUT/collective-table.json`, or the first
-//! argument). Prints one row per check and exits 1 if any fails, 2 if the libraries are
+//! argument), and every op of the backend as a one-node graph against the CPU backend
+//! ([`graphs`]). Prints one row per check and exits 1 if any fails, 2 if the libraries are
 //! missing. Run by `scripts/gpu-exec-test`.
+
+mod graphs;
 
 use half::{bf16, f16};
 use std::panic::AssertUnwindSafe;
@@ -11,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use zerosched_exec_cuda::calibrate;
 use zerosched_exec_cuda::device::{Device, StreamKind};
-use zerosched_exec_cuda::kernels::source::{Elem, Reduce};
+use zerosched_exec_cuda::kernels::source::{Elem, Reduce, Softmax};
 use zerosched_exec_cuda::kernels::{Kernels, View, ops};
 use zerosched_exec_cuda::libs::{self, Lib};
 use zerosched_exec_cuda::matmul::{Blas, Gemm};
@@ -371,6 +374,7 @@ fn reductions(g: &mut Gpu, rows: &mut Vec<Row>) -> Result<()> {
                         Reduce::Mean => col.iter().sum::<f64>() / r as f64,
                         Reduce::Max => col.iter().copied().fold(f64::NEG_INFINITY, f64::max),
                         Reduce::Min => col.iter().copied().fold(f64::INFINITY, f64::min),
+                        Reduce::Any => f64::from(u8::from(col.iter().any(|&v| v != 0.0))),
                     };
                     want.push(encode(e, &[v]).0[0]);
                     scale.push(if matches!(op, Reduce::Mean) {
@@ -415,7 +419,8 @@ fn softmax(g: &mut Gpu, rows: &mut Vec<Row>) -> Result<()> {
         let (x, xr) = g.upload(e, &values(r * c, 7, -4.0, 4.0))?;
         for log in [false, true] {
             let out = g.alloc(e, r * c)?;
-            g.k.softmax(x.ptr, out.ptr, e, r, c, log)?;
+            let mode = if log { Softmax::Log } else { Softmax::Plain };
+            g.k.softmax(x.ptr, out.ptr, e, r, c, mode, 0)?;
             let got = g.download(out, e, r * c)?;
             let mut want = vec![];
             for row_ in 0..r {
@@ -774,6 +779,9 @@ fn collectives(g: &mut Gpu, rows: &mut Vec<Row>, table: &std::path::Path) -> Res
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--cases-on-cpu") {
+        std::process::exit(i32::from(graphs::cases_on_cpu() > 0));
+    }
     // NCCL is checked where the collectives start (its absence fails those rows only).
     if let Err(e) = libs::check_all(&[Lib::Cuda, Lib::Nvrtc, Lib::Cublas, Lib::CublasLt]) {
         eprintln!("gpu_selftest: {e}");
@@ -809,7 +817,7 @@ fn main() {
     );
     let mut rows = vec![];
     type Check = fn(&mut Gpu, &mut Vec<Row>) -> Result<()>;
-    let checks: [(&str, Check); 7] = [
+    let checks: [(&str, Check); 8] = [
         ("elementwise", elementwise),
         ("reductions", reductions),
         ("softmax", softmax),
@@ -817,6 +825,7 @@ fn main() {
         ("matmul", matmul),
         ("pool", pool),
         ("spin", spin),
+        ("ops against the CPU backend", graphs::ops),
     ];
     let mut run = |name: &str,
                    rows: &mut Vec<Row>,
