@@ -73,7 +73,8 @@ pub type Kernel = fn(&mut Cuda, &Env<'_, CudaTensor>) -> Result<Value<CudaTensor
 pub struct Cuda {
     pub dev: Device,
     pub pool: Pool,
-    k: Kernels,
+    /// The generated kernels (replay's spin kernel among them).
+    pub(crate) k: Kernels,
     blas: Blas,
 }
 
