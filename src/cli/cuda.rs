@@ -30,8 +30,9 @@ pub fn unavailable() -> Option<Failure> {
 /// How a CUDA run executes the compute nodes.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub enum Mode {
-    /// The kernels, on data (one step).
-    Numeric,
+    /// The kernels, on data; `steps` steps on the same inputs, the first a warm-up when
+    /// there are several.
+    Numeric { steps: u32 },
     /// Calibrated spins of the cost model's durations, on uninitialised buffers; `steps`
     /// steps, the first a warm-up when there are several.
     Replay {
@@ -45,7 +46,9 @@ pub struct CudaRun {
     pub run: zerosched_exec::ProgramRun,
     pub rank: u32,
     pub device: String,
-    /// Event-timed milliseconds of each step on the compute stream (inputs uploaded inside).
+    /// Event-timed milliseconds of each step on the compute stream: replay, the whole step;
+    /// numeric, the sum of each graph's span from its first kernel to its last (the inputs'
+    /// uploads and the outputs' downloads left out).
     pub step_ms: Vec<f64>,
     /// Replay: the compute stream's spin time per step, ms (the cost model's total).
     pub compute_ms: Option<f64>,
@@ -115,7 +118,7 @@ pub fn run_program(
     use zerosched_exec_cuda::comm::NcclComm;
     use zerosched_exec_cuda::device::Device;
     use zerosched_exec_cuda::nccl::Comm;
-    use zerosched_exec_cuda::profile::Numeric;
+    use zerosched_exec_cuda::profile::{Numeric, Spans};
     use zerosched_exec_cuda::replay::{self, Replay, Table};
     let l = launch(world)?;
     inputs.check(program)?;
@@ -132,12 +135,23 @@ pub fn run_program(
     let host = HostInputs::new(inputs);
     let mut step_ms = Vec::new();
     let (run, compute_ms) = match mode {
-        Mode::Numeric => {
-            let plans = plans::<Numeric>(program)?;
-            let (b, c, h, ps) = (Numeric::new(&mut cuda), &mut comm, &host, &plans);
-            let (ms, r) = timed_step(&dev, move || run_rank(ps, h, b, c))?;
-            step_ms.push(ms);
-            (ProgramRun::of_rank(&plans, r), None)
+        Mode::Numeric { steps } => {
+            let mut spans = Spans::default();
+            let mut last = None;
+            for _ in 0..(*steps).max(1) {
+                let run = {
+                    let plans = plans::<Numeric>(program)?;
+                    cuda.pool.reset_peaks();
+                    let b = Numeric::new(&mut cuda, &mut spans);
+                    let (c, h, ps) = (&mut comm, &host, &plans);
+                    let (_, r) = timed_step(&dev, move || run_rank(ps, h, b, c))?;
+                    ProgramRun::of_rank(&plans, r)
+                };
+                spans.close()?;
+                step_ms.push(spans.take_total_ms());
+                last = Some(run);
+            }
+            (last.ok_or("no step ran")?, None)
         }
         Mode::Replay { cost, steps } => {
             let table = Table::new(program, cost);

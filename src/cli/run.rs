@@ -57,10 +57,11 @@ pub struct Args {
     /// peak beside the simulator's.
     #[arg(long, conflicts_with_all = ["dry_run", "outputs"])]
     replay: bool,
-    /// Steps of a replay; the first is a warm-up when there are several, the median of the
-    /// rest is reported.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
-    steps: u32,
+    /// Steps on the GPU (`--executor cuda`, on the same inputs); the first is a warm-up when
+    /// there are several, the median of the rest is reported. Default: 3 for `--replay`,
+    /// else 1.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    steps: Option<u32>,
     /// Cost model JSON (as `schedule --cost`): replay's durations and the simulator's
     /// prediction; the default model if omitted.
     #[arg(long)]
@@ -127,10 +128,12 @@ pub fn run(args: Args) -> Result<(), Failure> {
         let mode = if args.replay {
             Mode::Replay {
                 cost,
-                steps: args.steps,
+                steps: args.steps.unwrap_or(3),
             }
         } else {
-            Mode::Numeric
+            Mode::Numeric {
+                steps: args.steps.unwrap_or(1),
+            }
         };
         let c = super::cuda::run_program(&program, &inputs, world, &mode)?;
         (c.run.clone(), Some(c))
@@ -166,8 +169,14 @@ fn report_cuda(c: &CudaRun, sim: Option<&ProgramSim>, replay: bool) {
     };
     let sim_total = sim.map(|s| &s.total);
     let mut line = format!(
-        "rank {} on {}: step {step:.3} ms ({how}, events on the compute stream)",
-        c.rank, c.device
+        "rank {} on {}: step {step:.3} ms ({how}, events on the compute stream{})",
+        c.rank,
+        c.device,
+        if replay {
+            ""
+        } else {
+            ", each graph from its first kernel to its last"
+        }
     );
     if let Some(t) = sim_total.filter(|_| replay) {
         line += &format!(

@@ -8,7 +8,8 @@
 
 use crate::backend::{self, Cuda, CudaTensor, Kernel};
 use crate::comm::OnCuda;
-use crate::device::StreamKind;
+use crate::device::{Device, StreamKind};
+use cudarc::driver::CudaEvent;
 use zerosched_exec::{Backend, BackendError, Env, NodeError, Value, host};
 use zerosched_ir::{Dtype, Graph, NodeId, Program, TensorMeta, aten, comm};
 use zerosched_passes::alias::Aliases;
@@ -97,13 +98,16 @@ fn median(v: &mut [f64]) -> f64 {
 pub struct Numeric<'a> {
     cuda: &'a mut Cuda,
     profile: Option<(usize, &'a mut Times)>,
+    spans: Option<&'a mut Spans>,
 }
 
 impl<'a> Numeric<'a> {
-    pub fn new(cuda: &'a mut Cuda) -> Numeric<'a> {
+    /// Numeric mode, each graph's compute span measured into `spans`.
+    pub fn new(cuda: &'a mut Cuda, spans: &'a mut Spans) -> Numeric<'a> {
         Numeric {
             cuda,
             profile: None,
+            spans: Some(spans),
         }
     }
 
@@ -111,7 +115,56 @@ impl<'a> Numeric<'a> {
         Numeric {
             cuda,
             profile: Some((runs.max(1), times)),
+            spans: None,
         }
+    }
+}
+
+/// The compute stream's span of each graph run: from before its first kernel to after its
+/// last, so that the inputs' uploads before it and the outputs' downloads after it are not
+/// counted (the host's time between kernels is).
+#[derive(Default)]
+pub struct Spans {
+    /// The graph being run (its address), the event before its first kernel and the event
+    /// after its latest one.
+    open: Option<(usize, CudaEvent, Option<CudaEvent>)>,
+    ms: Vec<f64>,
+}
+
+impl Spans {
+    /// Events around a kernel of `g`: a new span starts at a new graph.
+    fn before(&mut self, dev: &Device, g: &Graph) -> crate::Result<()> {
+        let a = address(g);
+        if self.open.as_ref().is_none_or(|(og, _, _)| *og != a) {
+            self.close()?;
+            self.open = Some((a, dev.timing_event(StreamKind::Compute)?, None));
+        }
+        Ok(())
+    }
+
+    fn after(&mut self, dev: &Device) -> crate::Result<()> {
+        if let Some((_, _, last)) = &mut self.open {
+            *last = Some(dev.timing_event(StreamKind::Compute)?);
+        }
+        Ok(())
+    }
+
+    /// Ends the open span (waiting for its last kernel).
+    pub fn close(&mut self) -> crate::Result<()> {
+        if let Some((_, start, Some(end))) = self.open.take() {
+            end.synchronize()
+                .map_err(crate::CudaError::driver("cuEventSynchronize"))?;
+            let ms = start
+                .elapsed_ms(&end)
+                .map_err(crate::CudaError::driver("cuEventElapsedTime"))?;
+            self.ms.push(f64::from(ms));
+        }
+        Ok(())
+    }
+
+    /// The closed spans' total, ms; and starts over.
+    pub fn take_total_ms(&mut self) -> f64 {
+        std::mem::take(&mut self.ms).iter().sum()
     }
 }
 
@@ -198,10 +251,17 @@ impl Backend for Numeric<'_> {
         k: &Kernel,
         env: &Env<'_, CudaTensor>,
     ) -> Result<Value<CudaTensor>, BackendError> {
-        match &mut self.profile {
-            Some((runs, times)) => timed(self.cuda, *runs, times, k, env),
-            None => k(self.cuda, env).map_err(BackendError::Kernel),
+        if let Some((runs, times)) = &mut self.profile {
+            return timed(self.cuda, *runs, times, k, env);
         }
+        let Some(spans) = &mut self.spans else {
+            return k(self.cuda, env).map_err(BackendError::Kernel);
+        };
+        let dev = self.cuda.dev.clone();
+        spans.before(&dev, env.g).map_err(device_err)?;
+        let v = k(self.cuda, env).map_err(BackendError::Kernel)?;
+        spans.after(&dev).map_err(device_err)?;
+        Ok(v)
     }
 
     fn numel(&self, t: &CudaTensor) -> u64 {
