@@ -228,6 +228,13 @@ fn figures(
         "world_size": args.world_size,
         "peak_per_rank": run.peak_per_rank(),
         "peak_gathered": run.peak_gathered(),
+        // Rank 0's outputs per graph: [sum, absolute sum] (null without data).
+        "checksums": run.graphs.iter().map(|g| {
+            g.outputs.first().map(|outs| outs.iter().map(|t| t.as_ref().map(|t| {
+                let (sum, abs) = t.checksum();
+                [sum, abs]
+            })).collect::<Vec<_>>())
+        }).collect::<Vec<_>>(),
         "cuda": cuda.map(|c| serde_json::json!({
             "rank": c.rank,
             "device": c.device,
