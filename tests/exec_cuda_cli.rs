@@ -64,3 +64,40 @@ fn calibrate_names_the_missing_driver() {
     expect_missing(&["calibrate", "-o", out.to_str().expect("utf-8")]);
     assert!(!out.exists(), "nothing written");
 }
+
+#[test]
+fn replay_and_profile_name_the_missing_driver() {
+    if has_driver() {
+        return;
+    }
+    expect_missing(&[
+        "run",
+        "tests/fixtures/llama.program.json",
+        "--executor",
+        "cuda",
+        "--replay",
+        "--scheduler",
+        "prefetch",
+    ]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("profiled.json");
+    expect_missing(&[
+        "profile",
+        "tests/fixtures/llama.program.json",
+        "-o",
+        out.to_str().expect("utf-8"),
+    ]);
+    assert!(!out.exists(), "nothing written");
+}
+
+#[test]
+fn replay_needs_the_cuda_executor() {
+    let (code, err) = zerosched(&["run", "--replay"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(
+        err,
+        "error: --replay runs on the GPU: it needs --executor cuda\n"
+    );
+    let (code, err) = zerosched(&["run", "--executor", "cuda", "--replay", "--dry-run"]);
+    assert_eq!(code, Some(2), "a usage error: {err}");
+}

@@ -27,8 +27,53 @@ pub fn unavailable() -> Option<Failure> {
     )
 }
 
-/// This process's rank and GPU: from the launch environment (torchrun, Slurm), else rank 0 of
-/// a world of one on GPU 0.
+/// How a CUDA run executes the compute nodes.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub enum Mode {
+    /// The kernels, on data; `steps` steps on the same inputs, the first a warm-up when
+    /// there are several.
+    Numeric { steps: u32 },
+    /// Calibrated spins of the cost model's durations, on uninitialised buffers; `steps`
+    /// steps, the first a warm-up when there are several.
+    Replay {
+        cost: zerosched_passes::cost::CostModel,
+        steps: u32,
+    },
+}
+
+/// What a CUDA run measured on this process's rank, besides the core's figures.
+pub struct CudaRun {
+    pub run: zerosched_exec::ProgramRun,
+    pub rank: u32,
+    pub device: String,
+    /// Event-timed milliseconds of each step on the compute stream: replay, the whole step;
+    /// numeric, the sum of each graph's span from its first kernel to its last (the inputs'
+    /// uploads and the outputs' downloads left out).
+    pub step_ms: Vec<f64>,
+    /// Replay: the compute stream's spin time per step, ms (the cost model's total).
+    pub compute_ms: Option<f64>,
+    /// The pool over the last step: peak requested bytes, peak rounded bytes in use.
+    pub pool_peak_requested: u64,
+    pub pool_peak_in_use: u64,
+}
+
+impl CudaRun {
+    /// The step time reported: the median of the steps after the warm-up (the only step when
+    /// there is one).
+    pub fn measured_ms(&self) -> f64 {
+        let mut v: Vec<f64> = self
+            .step_ms
+            .iter()
+            .skip(usize::from(self.step_ms.len() > 1))
+            .copied()
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+}
+
+/// This process's rank and GPU: from the launch environment (torchrun, Slurm, or
+/// [`super::spawn`]), else rank 0 of a world of one on GPU 0.
 #[cfg(feature = "cuda")]
 fn launch(world: u32) -> Result<zerosched_exec_cuda::rendezvous::Launch, Failure> {
     use zerosched_exec_cuda::rendezvous::Launch;
@@ -52,27 +97,90 @@ fn launch(world: u32) -> Result<zerosched_exec_cuda::rendezvous::Launch, Failure
     }
 }
 
-/// Runs the program on this process's GPU, one rank of the world.
+/// Whether this process was launched as one rank of a world (the torchrun variables set).
+pub fn launched() -> bool {
+    std::env::var_os("RANK").is_some() || std::env::var_os("WORLD_SIZE").is_some()
+}
+
+/// Runs the program on this process's GPU, one rank of the world, after checking that the
+/// rank's dry-run peak fits the GPU's free memory.
 #[cfg(feature = "cuda")]
 pub fn run_program(
     program: &zerosched_ir::Program,
     inputs: &zerosched_exec::inputs::Inputs,
     world: u32,
-) -> Result<zerosched_exec::ProgramRun, Failure> {
-    use zerosched_exec::BackendError;
+    mode: &Mode,
+) -> Result<CudaRun, Failure> {
+    use zerosched_exec::memory::{Limit, ensure_fits};
+    use zerosched_exec::world::{HostInputs, run_rank};
+    use zerosched_exec::{ProgramRun, plans};
     use zerosched_exec_cuda::backend::Cuda;
     use zerosched_exec_cuda::comm::NcclComm;
     use zerosched_exec_cuda::device::Device;
     use zerosched_exec_cuda::nccl::Comm;
+    use zerosched_exec_cuda::profile::{Numeric, Spans};
+    use zerosched_exec_cuda::replay::{self, Replay, Table};
     let l = launch(world)?;
-    let plans = zerosched_exec::plans::<Cuda>(program)?;
     inputs.check(program)?;
     let dev = Device::open(l.local_rank as usize)?;
-    let comm = NcclComm::new(Comm::from_launch(&dev, &l)?);
-    let run = zerosched_exec::world::run_threads(&plans, inputs, vec![comm], |_| {
-        Cuda::new(&dev).map_err(|e| BackendError::Device(e.to_string()))
-    })?;
-    Ok(run)
+    let device = format!("GPU {} ({})", dev.ordinal(), dev.name()?);
+    let (free, _) = dev.memory()?;
+    let limit = Limit::Device {
+        free: free as u64,
+        from: format!("free memory of {device}, cuMemGetInfo"),
+    };
+    ensure_fits(program, inputs, world, &limit)?;
+    let mut comm = NcclComm::new(Comm::from_launch(&dev, &l)?);
+    let mut cuda = Cuda::new(&dev)?;
+    let host = HostInputs::new(inputs);
+    let mut step_ms = Vec::new();
+    let (run, compute_ms) = match mode {
+        Mode::Numeric { steps } => {
+            let mut spans = Spans::default();
+            let mut last = None;
+            for _ in 0..(*steps).max(1) {
+                let run = {
+                    let plans = plans::<Numeric>(program)?;
+                    cuda.pool.reset_peaks();
+                    let b = Numeric::new(&mut cuda, &mut spans);
+                    let (c, h, ps) = (&mut comm, &host, &plans);
+                    let (_, r) = timed_step(&dev, move || run_rank(ps, h, b, c))?;
+                    ProgramRun::of_rank(&plans, r)
+                };
+                spans.close()?;
+                step_ms.push(spans.take_total_ms());
+                last = Some(run);
+            }
+            (last.ok_or("no step ran")?, None)
+        }
+        Mode::Replay { cost, steps } => {
+            let table = Table::new(program, cost);
+            let spin = replay::calibrate(&mut cuda)?;
+            let mut last = None;
+            for _ in 0..(*steps).max(1) {
+                // Plans per step: each borrows this step's backend type.
+                let plans = plans::<Replay>(program)?;
+                cuda.pool.reset_peaks();
+                let b = Replay::new(&mut cuda, spin, &table);
+                let (c, h, ps) = (&mut comm, &host, &plans);
+                let (ms, r) = timed_step(&dev, move || run_rank(ps, h, b, c))?;
+                step_ms.push(ms);
+                last = Some(ProgramRun::of_rank(&plans, r));
+            }
+            let run = last.ok_or("no step ran")?;
+            (run, Some(table.compute_us() / 1e3))
+        }
+    };
+    let pool = cuda.pool_stats();
+    Ok(CudaRun {
+        run,
+        rank: l.rank,
+        device,
+        step_ms,
+        compute_ms,
+        pool_peak_requested: pool.peak_requested,
+        pool_peak_in_use: pool.peak_in_use,
+    })
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -80,7 +188,78 @@ pub fn run_program(
     _program: &zerosched_ir::Program,
     _inputs: &zerosched_exec::inputs::Inputs,
     _world: u32,
-) -> Result<zerosched_exec::ProgramRun, Failure> {
+    _mode: &Mode,
+) -> Result<CudaRun, Failure> {
+    Err(unavailable().unwrap_or_else(|| "no CUDA backend".into()))
+}
+
+/// One step between two events on the compute stream, joined to the communication stream
+/// first so that the step ends with its last collective; the device idle before it.
+#[cfg(feature = "cuda")]
+fn timed_step(
+    dev: &zerosched_exec_cuda::device::Device,
+    run: impl FnOnce() -> Result<zerosched_exec::world::RankRun, zerosched_exec::ExecError>,
+) -> Result<(f64, zerosched_exec::world::RankRun), Failure> {
+    use zerosched_exec_cuda::device::StreamKind;
+    dev.synchronize()?;
+    let (ms, r) = dev.time_ms(StreamKind::Compute, || {
+        let r = run();
+        dev.join(StreamKind::Compute, StreamKind::Comm)?;
+        Ok(r)
+    })?;
+    Ok((ms, r?))
+}
+
+/// `zerosched profile`: runs the program in numeric mode on this process's GPU (world size 1),
+/// each compute node `runs` times, and writes the medians into the nodes' `device_time_ms`;
+/// returns how many nodes it timed and the device.
+#[cfg(feature = "cuda")]
+pub fn profile(
+    program: &mut zerosched_ir::Program,
+    inputs: &zerosched_exec::inputs::Inputs,
+    runs: usize,
+) -> Result<(usize, String), Failure> {
+    use zerosched_exec::memory::{Limit, ensure_fits};
+    use zerosched_exec::plans;
+    use zerosched_exec::world::{HostInputs, run_rank};
+    use zerosched_exec_cuda::backend::Cuda;
+    use zerosched_exec_cuda::comm::NcclComm;
+    use zerosched_exec_cuda::device::Device;
+    use zerosched_exec_cuda::nccl::Comm;
+    use zerosched_exec_cuda::profile::{Numeric, Times};
+    if let Some(e) = unavailable() {
+        return Err(e);
+    }
+    let l = launch(1)?;
+    let mut times = Times::new(program);
+    let device = {
+        let p: &zerosched_ir::Program = program;
+        let plans = plans::<Numeric>(p)?;
+        inputs.check(p)?;
+        let dev = Device::open(l.local_rank as usize)?;
+        let device = format!("GPU {} ({})", dev.ordinal(), dev.name()?);
+        let (free, _) = dev.memory()?;
+        let limit = Limit::Device {
+            free: free as u64,
+            from: format!("free memory of {device}, cuMemGetInfo"),
+        };
+        ensure_fits(p, inputs, 1, &limit)?;
+        let mut comm = NcclComm::new(Comm::from_launch(&dev, &l)?);
+        let mut cuda = Cuda::new(&dev)?;
+        let host = HostInputs::new(inputs);
+        let backend = Numeric::profiling(&mut cuda, runs, &mut times);
+        run_rank(&plans, &host, backend, &mut comm)?;
+        device
+    };
+    Ok((times.write(program), device))
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn profile(
+    _program: &mut zerosched_ir::Program,
+    _inputs: &zerosched_exec::inputs::Inputs,
+    _runs: usize,
+) -> Result<(usize, String), Failure> {
     Err(unavailable().unwrap_or_else(|| "no CUDA backend".into()))
 }
 

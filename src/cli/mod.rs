@@ -5,9 +5,11 @@ mod calibrate;
 mod check;
 mod convert;
 mod cuda;
+mod profile;
 mod run;
 mod schedule;
 mod simulate;
+mod spawn;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -22,7 +24,9 @@ Examples:
   zerosched schedule llama.program.json --budget 2GiB --world-size 8 -o scheduled.json
   zerosched schedule llama.program.json --scheduler deepcompile --trace trace.json
   zerosched simulate scheduled.json --report report.json
-  zerosched calibrate -o table.json            measure NCCL collectives (CUDA build)";
+  zerosched calibrate -o table.json            measure NCCL collectives (CUDA build)
+  zerosched profile llama.json -o profiled.json   measured node times (CUDA build)
+  zerosched run scheduled.json --executor cuda --replay   the step on the GPU, spins for kernels";
 
 #[derive(Parser)]
 #[command(name = "zerosched", version, about = "ZeRO-3 communication scheduling for exported PyTorch training graphs", after_help = EXAMPLES)]
@@ -39,8 +43,12 @@ enum Command {
     Convert(convert::Args),
     /// Insert the ZeRO-3 ops, schedule them, check, simulate, and print a summary.
     Schedule(schedule::Args),
-    /// Execute a graph or program on N ranks, one thread each (CPU reference backend).
+    /// Execute a graph or program on N ranks: threads of this process (CPU reference
+    /// backend), or one process per GPU (`--executor cuda`, numeric or `--replay`).
     Run(run::Args),
+    /// Time each compute node's kernels on the GPU and record the medians in the graph's
+    /// metadata (`device_time_ms`), which the cost model then takes (needs the `cuda` build).
+    Profile(profile::Args),
     /// Simulate a graph or program as it stands (two streams: compute, communication).
     Simulate(simulate::Args),
     /// Measure NCCL all-gather/reduce-scatter/all-reduce times into a cost model (needs the
@@ -59,6 +67,7 @@ pub fn main() -> ExitCode {
         Command::Schedule(a) => schedule::run(a),
         Command::Simulate(a) => simulate::run(a),
         Command::Run(a) => run::run(a),
+        Command::Profile(a) => profile::run(a),
         Command::Calibrate(a) => calibrate::run(a),
     };
     match result {

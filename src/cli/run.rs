@@ -1,8 +1,11 @@
-//! `zerosched run`: executes a graph or program over N ranks (threads of this process) and
-//! prints what it computed and the memory it measured (beside the simulator's prediction when
-//! scheduled). A run that needs more memory than the host has is refused before it starts.
+//! `zerosched run`: executes a graph or program over N ranks (threads of this process, or with
+//! `--executor cuda` one process per GPU) and prints what it computed and the memory it
+//! measured (beside the simulator's prediction when scheduled); `--replay` measures the step
+//! on the GPU with spins of the cost model's durations instead of the kernels. A run that
+//! needs more memory than the host (or the GPU) has is refused before it starts.
 
 use super::Failure;
+use super::cuda::{CudaRun, Mode};
 use std::path::PathBuf;
 use zerosched_api::summary::bytes;
 use zerosched_exec::ProgramRun;
@@ -12,7 +15,7 @@ use zerosched_exec::memory::{Limit, ensure_fits};
 use zerosched_exec::world::run_program;
 use zerosched_exec_cpu::Cpu;
 use zerosched_ir::Program;
-use zerosched_passes::simulate::{SimOptions, simulate_program};
+use zerosched_passes::simulate::{ProgramSim, SimOptions, simulate_program};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -48,6 +51,25 @@ pub struct Args {
     /// the ranks, plus the full parameters) exceeds it is refused before it starts.
     #[arg(long, value_name = "BYTES", value_parser = zerosched_api::request::parse_bytes)]
     memory_limit: Option<u64>,
+    /// Replay mode (`--executor cuda`): every compute node spins on the GPU for its cost-model
+    /// duration (its `device_time_ms` when profiled); allocations and collectives are real,
+    /// on uninitialised buffers. Prints the measured step, exposed communication and pool
+    /// peak beside the simulator's.
+    #[arg(long, conflicts_with_all = ["dry_run", "outputs"])]
+    replay: bool,
+    /// Steps on the GPU (`--executor cuda`, on the same inputs); the first is a warm-up when
+    /// there are several, the median of the rest is reported. Default: 3 for `--replay`,
+    /// else 1.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    steps: Option<u32>,
+    /// Cost model JSON (as `schedule --cost`): replay's durations and the simulator's
+    /// prediction; the default model if omitted.
+    #[arg(long)]
+    cost: Option<PathBuf>,
+    /// Write the run's figures (measured and simulated step, exposed communication, peaks)
+    /// as JSON (rank 0's, with `--executor cuda`).
+    #[arg(long)]
+    report: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
@@ -59,6 +81,14 @@ pub fn run(args: Args) -> Result<(), Failure> {
         && let Some(e) = super::cuda::unavailable()
     {
         return Err(e);
+    }
+    if args.replay && args.executor != "cuda" {
+        return Err("--replay runs on the GPU: it needs --executor cuda".into());
+    }
+    let cost = super::schedule::cost_model(args.cost.as_deref())?;
+    // Without a launcher, the CUDA executor starts one process per local GPU itself.
+    if args.executor == "cuda" && args.world_size > 1 && !super::cuda::launched() {
+        return super::spawn::local_ranks(args.world_size);
     }
     let (label, mut program) = super::check::input(args.input.as_deref())?;
     if let Some(s) = &args.scheduler {
@@ -88,42 +118,158 @@ pub fn run(args: Args) -> Result<(), Failure> {
         if args.dry_run { " (dry run)" } else { "" }
     );
     let started = std::time::Instant::now();
-    let run = if args.dry_run {
-        run_program(&program, &inputs, world, |_| Ok(Dry))?
+    let sim_opts = SimOptions {
+        world_size: world,
+        cost: cost.clone(),
+    };
+    let (run, cuda) = if args.dry_run {
+        (run_program(&program, &inputs, world, |_| Ok(Dry))?, None)
     } else if args.executor == "cuda" {
-        super::cuda::run_program(&program, &inputs, world)?
+        let mode = if args.replay {
+            Mode::Replay {
+                cost,
+                steps: args.steps.unwrap_or(3),
+            }
+        } else {
+            Mode::Numeric {
+                steps: args.steps.unwrap_or(1),
+            }
+        };
+        let c = super::cuda::run_program(&program, &inputs, world, &mode)?;
+        (c.run.clone(), Some(c))
     } else {
         let limit = args.memory_limit.map_or(Limit::Host, Limit::Bytes);
         ensure_fits(&program, &inputs, world, &limit)?;
-        run_program(&program, &inputs, world, |_| Ok(Cpu))?
+        (run_program(&program, &inputs, world, |_| Ok(Cpu))?, None)
     };
-    report(&program, &run, &args, started)?;
-    if let Some(path) = args.outputs.as_ref().filter(|_| !args.dry_run) {
+    let sim = report(&program, &run, &args, &sim_opts, started)?;
+    let rank0 = cuda.as_ref().is_none_or(|c| c.rank == 0);
+    if let Some(c) = &cuda {
+        report_cuda(c, sim.as_ref(), args.replay);
+    }
+    if let Some(path) = args.report.as_ref().filter(|_| rank0) {
+        let json = figures(&label, &args, &run, cuda.as_ref(), sim.as_ref());
+        zerosched_api::io::write_atomic(path, serde_json::to_string_pretty(&json)?.as_bytes())?;
+    }
+    if let Some(path) = args.outputs.as_ref().filter(|_| !args.dry_run && rank0) {
         write_outputs(path, &run)?;
     }
     Ok(())
 }
 
+/// The GPU's figures: the event-timed step, and in replay the exposed communication (the
+/// step less the compute stream's spins) and the pool's peak, each beside the simulator's.
+fn report_cuda(c: &CudaRun, sim: Option<&ProgramSim>, replay: bool) {
+    let step = c.measured_ms();
+    let steps = c.step_ms.len();
+    let how = if steps > 1 {
+        format!("median of {} after a warm-up", steps - 1)
+    } else {
+        "one step".to_owned()
+    };
+    let sim_total = sim.map(|s| &s.total);
+    let mut line = format!(
+        "rank {} on {}: step {step:.3} ms ({how}, events on the compute stream{})",
+        c.rank,
+        c.device,
+        if replay {
+            ""
+        } else {
+            ", each graph from its first kernel to its last"
+        }
+    );
+    if let Some(t) = sim_total.filter(|_| replay) {
+        line += &format!(
+            "; simulator {:.3} ms, measured/simulated {:.3}",
+            t.step_ms,
+            step / t.step_ms.max(f64::MIN_POSITIVE)
+        );
+    }
+    println!("{line}");
+    if let Some(compute) = c.compute_ms {
+        let exposed = (step - compute).max(0.0);
+        print!("  exposed communication {exposed:.3} ms (step less {compute:.3} ms of compute)");
+        if let Some(t) = sim_total {
+            print!("; simulator {:.3} ms", t.exposed_comm_ms);
+        }
+        println!();
+    }
+    print!(
+        "  pool peak {} requested, {} in use",
+        bytes(c.pool_peak_requested),
+        bytes(c.pool_peak_in_use)
+    );
+    if let Some(t) = sim_total {
+        print!("; simulator peak {}", bytes(t.peak_total_bytes));
+    }
+    println!();
+}
+
+/// The run's figures as JSON (`--report`).
+fn figures(
+    label: &str,
+    args: &Args,
+    run: &ProgramRun,
+    cuda: Option<&CudaRun>,
+    sim: Option<&ProgramSim>,
+) -> serde_json::Value {
+    let mode = if args.dry_run {
+        "dry-run"
+    } else if args.replay {
+        "replay"
+    } else {
+        "numeric"
+    };
+    serde_json::json!({
+        "input": label,
+        "executor": args.executor,
+        "mode": mode,
+        "scheduler": args.scheduler,
+        "world_size": args.world_size,
+        "peak_per_rank": run.peak_per_rank(),
+        "peak_gathered": run.peak_gathered(),
+        // Rank 0's outputs per graph: [sum, absolute sum] (null without data).
+        "checksums": run.graphs.iter().map(|g| {
+            g.outputs.first().map(|outs| outs.iter().map(|t| t.as_ref().map(|t| {
+                let (sum, abs) = t.checksum();
+                [sum, abs]
+            })).collect::<Vec<_>>())
+        }).collect::<Vec<_>>(),
+        "cuda": cuda.map(|c| serde_json::json!({
+            "rank": c.rank,
+            "device": c.device,
+            "step_ms": c.step_ms,
+            "measured_step_ms": c.measured_ms(),
+            "compute_ms": c.compute_ms,
+            "exposed_comm_ms": c.compute_ms.map(|m| (c.measured_ms() - m).max(0.0)),
+            "pool_peak_requested": c.pool_peak_requested,
+            "pool_peak_in_use": c.pool_peak_in_use,
+        })),
+        "simulator": sim.map(|s| serde_json::json!({
+            "step_ms": s.total.step_ms,
+            "compute_ms": s.total.compute_ms,
+            "exposed_comm_ms": s.total.exposed_comm_ms,
+            "peak_total_bytes": s.total.peak_total_bytes,
+            "peak_gathered_bytes": s.total.peak_gathered_bytes,
+        })),
+    })
+}
+
+/// Prints the outputs and memory per graph; returns the simulator's prediction (of a
+/// scheduled program, or of any replayed one).
 fn report(
     program: &Program,
     run: &ProgramRun,
     args: &Args,
+    sim_opts: &SimOptions,
     started: std::time::Instant,
-) -> Result<(), Failure> {
+) -> Result<Option<ProgramSim>, Failure> {
     let elapsed = started.elapsed();
     let scheduled = program.graphs.iter().any(|g| {
         g.nodes()
             .any(|(_, n)| zerosched_ir::comm::CommOp::of(n).is_some())
     });
-    let sim = scheduled.then(|| {
-        simulate_program(
-            program,
-            &SimOptions {
-                world_size: args.world_size,
-                ..SimOptions::default()
-            },
-        )
-    });
+    let sim = (scheduled || args.replay).then(|| simulate_program(program, sim_opts));
     for (gi, g) in run.graphs.iter().enumerate() {
         println!("graph {}: {} nodes", g.graph, g.nodes);
         let returns = program.graphs[gi].output_values();
@@ -138,7 +284,7 @@ fn report(
                             t.dtype
                         );
                     }
-                    None if args.dry_run
+                    None if (args.dry_run || args.replay)
                         && returns.get(slot).is_some_and(|a| a.as_node().is_some()) =>
                     {
                         println!("  output {slot}: (no data)")
@@ -170,7 +316,7 @@ fn report(
         elapsed.as_secs_f64(),
         elapsed.as_secs_f64() * 1e6 / (nodes.max(1) as f64 * f64::from(args.world_size))
     );
-    Ok(())
+    Ok(sim)
 }
 
 fn write_outputs(path: &std::path::Path, run: &ProgramRun) -> Result<(), Failure> {

@@ -30,11 +30,12 @@ pub enum ExecError {
     #[error("rank {rank}: {source}")]
     Rank { rank: u32, source: BackendError },
     #[error(
-        "the run needs {need} bytes at its peak (the dry-run peaks of its {ranks} rank(s) and the full parameters on the host), more than the {available} bytes available ({from})"
+        "the run needs {need} bytes at its peak ({counted}), more than the {available} bytes available ({from})"
     )]
     DoesNotFit {
         need: u64,
-        ranks: u32,
+        /// What `need` counts.
+        counted: String,
         available: u64,
         /// Where `available` comes from (`MemAvailable in /proc/meminfo`, `--memory-limit`).
         from: String,

@@ -165,6 +165,21 @@ pub trait Backend: Sized {
         meta: &TensorMeta,
         make: &mut dyn FnMut() -> Result<host::Tensor, String>,
     ) -> Result<Self::Tensor, NodeError>;
+    /// Rank `rank`'s shard of a parameter of the given (full) metadata: by default the full
+    /// input, sharded, then freed. A backend without data (replay) allocates the shard alone,
+    /// so that the full parameter never counts in its memory.
+    fn sharded_input(
+        &mut self,
+        meta: &TensorMeta,
+        make: &mut dyn FnMut() -> Result<host::Tensor, String>,
+        world: u32,
+        rank: u32,
+    ) -> Result<Self::Tensor, NodeError> {
+        let full = self.input(meta, make)?;
+        let shard = self.shard(&full, world, rank);
+        self.free(full);
+        Ok(shard?)
+    }
     /// The tensor's data on the host (waiting for the work that makes it), if the backend
     /// has data.
     fn download(&mut self, t: &Self::Tensor) -> Result<Option<host::Tensor>, BackendError>;

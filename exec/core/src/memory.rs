@@ -3,7 +3,8 @@
 //! so the run needs the sum of their peaks plus the full parameters the host holds for them.
 //! That is compared with what the host has available (`MemAvailable` in `/proc/meminfo`) or a
 //! limit given by the user, and a run that needs more is refused naming both figures, instead
-//! of dying in an allocation halfway.
+//! of dying in an allocation halfway. A rank with a device of its own (CUDA, one process per
+//! rank) needs its own peak there, compared with the device's free memory.
 
 use crate::comm::ThreadComm;
 use crate::dry::Dry;
@@ -19,6 +20,9 @@ pub enum Limit {
     Host,
     /// A given number of bytes.
     Bytes(u64),
+    /// The free memory of one rank's device (`from` says where the figure comes from): each
+    /// rank is then its own process on its own device, so the run needs one rank's peak.
+    Device { free: u64, from: String },
 }
 
 /// `MemAvailable` of `/proc/meminfo`, in bytes.
@@ -49,37 +53,64 @@ fn full_param_bytes(p: &Program) -> u64 {
     seen.values().fold(0, |a, &b| a.saturating_add(b))
 }
 
-/// The bytes a run of `p` on `world` in-process ranks needs at its peak, by a dry run.
-pub fn need(p: &Program, inputs: &Inputs, world: u32) -> Result<u64, ExecError> {
+/// Each rank's peak over the program, by a dry run of `p` on `world` ranks.
+fn dry_peaks(p: &Program, inputs: &Inputs, world: u32) -> Result<Vec<u64>, ExecError> {
     let plans = plans::<Dry>(p)?;
     let run = world::run_threads(&plans, inputs, ThreadComm::world(world), |_| Ok(Dry))?;
-    let ranks = run
-        .peak_per_rank()
+    Ok(run.peak_per_rank())
+}
+
+/// The bytes a run of `p` on `world` in-process ranks needs at its peak, by a dry run.
+pub fn need(p: &Program, inputs: &Inputs, world: u32) -> Result<u64, ExecError> {
+    let ranks = dry_peaks(p, inputs, world)?
         .into_iter()
         .fold(0u64, u64::saturating_add);
     Ok(ranks.saturating_add(full_param_bytes(p)))
 }
 
-/// Refuses a run of `p` on `world` in-process ranks that needs more than `limit`; returns
-/// what it needs.
+/// The bytes one rank's device needs at its peak in a run of `p` on `world` ranks, one per
+/// process and device: the largest rank's dry-run peak.
+pub fn device_need(p: &Program, inputs: &Inputs, world: u32) -> Result<u64, ExecError> {
+    Ok(dry_peaks(p, inputs, world)?.into_iter().max().unwrap_or(0))
+}
+
+/// Refuses a run of `p` on `world` ranks that needs more than `limit`; returns what it
+/// needs.
 pub fn ensure_fits(
     p: &Program,
     inputs: &Inputs,
     world: u32,
     limit: &Limit,
 ) -> Result<u64, ExecError> {
-    let (available, from) = match limit {
-        Limit::Bytes(b) => (*b, "--memory-limit".to_owned()),
+    let host =
+        || format!("the dry-run peaks of its {world} rank(s) and the full parameters on the host");
+    let (need, available, counted, from) = match limit {
+        Limit::Bytes(b) => (
+            need(p, inputs, world)?,
+            *b,
+            host(),
+            "--memory-limit".to_owned(),
+        ),
         Limit::Host => match host_available() {
-            Some(b) => (b, "MemAvailable in /proc/meminfo".to_owned()),
+            Some(b) => (
+                need(p, inputs, world)?,
+                b,
+                host(),
+                "MemAvailable in /proc/meminfo".to_owned(),
+            ),
             None => return need(p, inputs, world),
         },
+        Limit::Device { free, from } => (
+            device_need(p, inputs, world)?,
+            *free,
+            format!("the dry-run peak of one rank of {world}, on its own device"),
+            from.clone(),
+        ),
     };
-    let need = need(p, inputs, world)?;
     if need > available {
         return Err(ExecError::DoesNotFit {
             need,
-            ranks: world,
+            counted,
             available,
             from,
         });

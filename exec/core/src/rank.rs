@@ -164,10 +164,17 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
         let n = g.node(id);
         let host = self.host;
         let rank = self.comm.rank();
-        let full = if let Some(pi) = plan.param[id.index()] {
+        // Only a parameter's placeholder holds a shard.
+        let v = if let Some(pi) = plan.param[id.index()] {
             let p = &g.params[pi];
             let meta = TensorMeta::new(p.shape.clone(), p.dtype);
-            self.backend.input(&meta, &mut || host.param(g, p))?
+            let make = &mut || host.param(g, p);
+            if plan.is_sharded_input(id) {
+                self.backend
+                    .sharded_input(&meta, make, self.comm.world(), rank)?
+            } else {
+                self.backend.input(&meta, make)?
+            }
         } else if let Some(v) = self.carried.remove(n.name.as_str()) {
             v
         } else {
@@ -179,13 +186,6 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
             };
             self.backend
                 .input(meta, &mut || host.inputs.data(g, id, rank))?
-        };
-        let v = if plan.is_sharded_input(id) {
-            let shard = self.backend.shard(&full, self.comm.world(), rank)?;
-            self.backend.free(full);
-            shard
-        } else {
-            full
         };
         let bytes = self.backend.nbytes(&v);
         w.values[id.index()] = Value::Tensor(v);

@@ -57,6 +57,24 @@ impl ProgramRun {
     }
 }
 
+impl ProgramRun {
+    /// The run of a world of one: this process's rank (one process per device), as
+    /// [`run_rank`] returned it.
+    pub fn of_rank<B: Backend>(plans: &[Plan<'_, B>], run: RankRun) -> ProgramRun {
+        let graphs = plans
+            .iter()
+            .zip(run.graphs)
+            .map(|(plan, (outputs, counter))| GraphRun {
+                graph: plan.graph().label().to_owned(),
+                outputs: vec![outputs],
+                memory: vec![counter],
+                nodes: plan.graph().len(),
+            })
+            .collect();
+        ProgramRun { graphs }
+    }
+}
+
 /// The inputs as every rank of a process sees them: parameters are drawn (or read) once, on
 /// the host, and every rank's backend takes them from here.
 pub struct HostInputs<'a> {

@@ -75,6 +75,7 @@ pub type Kernel = fn(&mut Cuda, &Env<'_, CudaTensor>) -> Result<Value<CudaTensor
 pub struct Cuda {
     pub dev: Device,
     pub pool: Pool,
+    /// The generated kernels (replay's spin kernel among them).
     pub(crate) k: Kernels,
     pub(crate) blas: Blas,
     /// Blocks made by view ops that had to copy (a reshape of a strided tensor), by the block

@@ -2,15 +2,27 @@
 //! Starting one makes the communication stream wait for the compute stream's work so far (the
 //! operand's producer); waiting makes the compute stream wait for the communication stream,
 //! so a gather overlaps the compute issued between its start and its wait. A bucket is one
-//! NCCL group.
+//! NCCL group. Every backend over a [`Cuda`] device ([`OnCuda`]: numeric, replay, profile)
+//! shares it.
 
 use crate::backend::{Cuda, CudaTensor};
 use crate::device::StreamKind;
 use crate::kernels::source::Elem;
 use crate::nccl::Comm;
 use zerosched_exec::comm::Communicator;
-use zerosched_exec::{BackendError, CommError};
+use zerosched_exec::{Backend, BackendError, CommError};
 use zerosched_ir::Dtype;
+
+/// A backend whose tensors are [`Cuda`] device buffers.
+pub trait OnCuda: Backend<Tensor = CudaTensor> {
+    fn cuda(&mut self) -> &mut Cuda;
+}
+
+impl OnCuda for Cuda {
+    fn cuda(&mut self) -> &mut Cuda {
+        self
+    }
+}
 
 /// One rank's NCCL communicator.
 pub struct NcclComm {
@@ -87,7 +99,7 @@ impl NcclComm {
     }
 }
 
-impl Communicator<Cuda> for NcclComm {
+impl<B: OnCuda> Communicator<B> for NcclComm {
     type Pending = Pending;
 
     fn rank(&self) -> u32 {
@@ -100,10 +112,11 @@ impl Communicator<Cuda> for NcclComm {
 
     fn start_all_gather(
         &mut self,
-        b: &mut Cuda,
+        b: &mut B,
         shard: &CudaTensor,
         dtype: Option<Dtype>,
     ) -> Result<Pending, CommError> {
+        let b = b.cuda();
         let dt = dtype.unwrap_or(shard.dtype);
         let n = shard.numel();
         let src = operand(b, shard, dt, n)?;
@@ -111,18 +124,16 @@ impl Communicator<Cuda> for NcclComm {
         self.start(b, src, n * world, |c, s, o, e| c.all_gather(s, o, n, e))
     }
 
-    fn start_reduce_scatter(
-        &mut self,
-        b: &mut Cuda,
-        grad: &CudaTensor,
-    ) -> Result<Pending, CommError> {
+    fn start_reduce_scatter(&mut self, b: &mut B, grad: &CudaTensor) -> Result<Pending, CommError> {
+        let b = b.cuda();
         let world = self.comm.world as usize;
         let per = grad.numel().div_ceil(world);
         let src = operand(b, grad, grad.dtype, per * world)?;
         self.start(b, src, per, |c, s, o, e| c.reduce_scatter(s, o, per, e))
     }
 
-    fn start_all_reduce(&mut self, b: &mut Cuda, grad: &CudaTensor) -> Result<Pending, CommError> {
+    fn start_all_reduce(&mut self, b: &mut B, grad: &CudaTensor) -> Result<Pending, CommError> {
+        let b = b.cuda();
         let n = grad.numel();
         let src = operand(b, grad, grad.dtype, n)?;
         self.start(b, src, n, |c, s, o, e| c.all_reduce(s, o, n, e))
@@ -136,7 +147,8 @@ impl Communicator<Cuda> for NcclComm {
         self.comm.group_end().map_err(failed)
     }
 
-    fn wait(&mut self, b: &mut Cuda, p: Pending) -> Result<CudaTensor, CommError> {
+    fn wait(&mut self, b: &mut B, p: Pending) -> Result<CudaTensor, CommError> {
+        let b = b.cuda();
         b.dev
             .join(StreamKind::Compute, StreamKind::Comm)
             .map_err(failed)?;

@@ -1,8 +1,9 @@
 //! The CUDA backend's device layer: one rank's GPU with a compute and a communication stream
 //! ([`device`]), a stream-ordered memory pool ([`pool`]), NVRTC-generated kernels
 //! ([`kernels`]), cuBLAS matrix products ([`matmul`]), NCCL collectives ([`nccl`]) with a
-//! TCP rendezvous ([`rendezvous`]), replay's calibrated spin kernel ([`replay`]) and the
-//! collective table measurement ([`calibrate`]).
+//! TCP rendezvous ([`rendezvous`]), replay mode over a calibrated spin kernel ([`replay`]),
+//! profile mode's per-node timing ([`profile`]) and the collective table measurement
+//! ([`calibrate`]).
 //!
 //! Every library is loaded at run time (cudarc's `dynamic-loading`): the crate builds where
 //! no CUDA toolkit is installed, and on a machine without one every entry point returns
@@ -19,6 +20,7 @@ pub mod matmul;
 pub mod nccl;
 mod ops;
 pub mod pool;
+pub mod profile;
 pub mod rendezvous;
 pub mod replay;
 
