@@ -534,7 +534,11 @@ fn a_parameter_persistent_in_another_graph_is_held_whole_everywhere() {
             // shard and its gathered buffer.
             let act = 8 * 64 * 4;
             let other = 64 * 64 * 4 / u64::from(world) + 64 * 64 * 4;
-            assert_eq!(sim.graphs[1].summary.peak_total_bytes, 2 * act + whole + other, "x{world} {s}");
+            assert_eq!(
+                sim.graphs[1].summary.peak_total_bytes,
+                2 * act + whole + other,
+                "x{world} {s}"
+            );
         }
     }
 }
