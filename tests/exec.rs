@@ -508,6 +508,41 @@ fn simulate(p: &Program, world: u32, cost: CostModel) -> zerosched_passes::simul
     )
 }
 
+/// The fuzzer's `pipeline` finding, reduced: a parameter persistent in one graph (so
+/// persistent in the program, read whole everywhere) and not marked so in the next. Insertion
+/// gathered it nowhere and the executor held it whole, but the simulator, reading the second
+/// graph's own flag, counted a shard: 12,288 bytes short at 4 ranks for one [64, 64] f32
+/// weight (fuzz case: 3,844,160 held against 3,831,872 accepted). Insertion now writes the
+/// program's persistence into every graph, so the simulator counts it whole and the dry run
+/// measures the simulator's peak again.
+#[test]
+fn a_parameter_persistent_in_another_graph_is_held_whole_everywhere() {
+    use zerosched_exec::dry::Dry;
+    let p = fixture("edge/param_persistent_in_another_graph");
+    let whole = 64 * 64 * 4;
+    for world in [1, 2, 4, 8] {
+        for s in NAMES {
+            let sp = schedule(&p, s, world);
+            let got = run_program(&sp, &Inputs::new(0), world, |_| Ok(Dry)).expect("dry run");
+            let sim = simulate(&sp, world, instant_comm());
+            for (g, s) in got.graphs.iter().zip(&sim.graphs) {
+                for c in &g.memory {
+                    assert_eq!(c.peak, s.summary.peak_total_bytes, "x{world} {}", g.graph);
+                }
+            }
+            // fwd_1: its input and output activations, the weight whole, the other one's
+            // shard and its gathered buffer.
+            let act = 8 * 64 * 4;
+            let other = 64 * 64 * 4 / u64::from(world) + 64 * 64 * 4;
+            assert_eq!(
+                sim.graphs[1].summary.peak_total_bytes,
+                2 * act + whole + other,
+                "x{world} {s}"
+            );
+        }
+    }
+}
+
 /// Dry runs (sizes only) of every fixture and a 70B-shape program, every scheduler, 2, 4 and
 /// 8 ranks: the measured peaks are the simulator's. Gathered bytes exactly. Total bytes
 /// exactly when communication takes no time; with the default cost model the simulator keeps

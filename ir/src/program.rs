@@ -16,6 +16,10 @@ pub struct Program {
     /// Forward graphs, then backward graphs, in the order they run.
     pub graphs: Vec<Graph>,
     pub form: Form,
+    /// The document's own list of the program's persistent parameters (its top-level
+    /// `persistent`), beside what each graph flags: a graph written alone, or one that
+    /// carries neither the parameter nor its gradient, still has the program's word.
+    pub persistent_list: BTreeSet<String>,
 }
 
 impl Program {
@@ -23,6 +27,7 @@ impl Program {
         Program {
             graphs: vec![graph],
             form: Form::Graph,
+            persistent_list: BTreeSet::new(),
         }
     }
 
@@ -30,6 +35,7 @@ impl Program {
         Program {
             graphs,
             form: Form::Bundle,
+            persistent_list: BTreeSet::new(),
         }
     }
 
@@ -44,13 +50,17 @@ impl Program {
         out
     }
 
-    /// Parameters kept unsharded: persistent in any graph, as a parameter or on a gradient.
+    /// Parameters kept unsharded: in the program's list, or persistent in any graph, as a
+    /// parameter or on a gradient.
     pub fn persistent(&self) -> BTreeSet<String> {
-        self.graphs
-            .iter()
-            .flat_map(Graph::persistent_names)
-            .map(str::to_owned)
-            .collect()
+        let mut all = self.persistent_list.clone();
+        all.extend(
+            self.graphs
+                .iter()
+                .flat_map(Graph::persistent_names)
+                .map(str::to_owned),
+        );
+        all
     }
 
     pub fn node_count(&self) -> usize {

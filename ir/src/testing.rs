@@ -156,12 +156,39 @@ pub fn training_step(cfg: &Config) -> BoxedStrategy<Program> {
 
 /// Any program: a single forward graph, a single backward graph, or a training-step bundle.
 pub fn program(cfg: &Config) -> BoxedStrategy<Program> {
-    prop_oneof![
+    let shapes = prop_oneof![
         2 => graph(cfg).prop_map(Program::single),
         1 => backward_graph(cfg).prop_map(Program::single),
         3 => training_step(cfg),
-    ]
-    .boxed()
+    ];
+    (
+        shapes,
+        vec(any::<prop::sample::Index>(), 0..3),
+        any::<bool>(),
+    )
+        .prop_map(|(mut p, picks, stray)| {
+            // The program-level list: a few of its parameters (by name, whether a graph
+            // carries the parameter or only its gradient), and sometimes one no graph has.
+            let names: Vec<&String> = p
+                .graphs
+                .iter()
+                .flat_map(|g| {
+                    let params = g.params.iter().map(|q| &q.name);
+                    params.chain(g.grads.iter().map(|q| &q.param))
+                })
+                .collect();
+            let listed: Vec<String> = if names.is_empty() {
+                Vec::new()
+            } else {
+                picks.iter().map(|i| i.get(&names).to_string()).collect()
+            };
+            p.persistent_list.extend(listed);
+            if stray {
+                p.persistent_list.insert("not.in.any.graph".to_owned());
+            }
+            p
+        })
+        .boxed()
 }
 
 /// A literal ARG of any kind, without node references, nested up to `depth` lists deep.

@@ -274,7 +274,7 @@ fn importers_share_tensor_metadata_between_nodes() {
 /// A program that breaks one rule of the structural verifier, in one node of a small graph
 /// (`x` → `y` → output): `damage` edits the graph, given `y`'s and the output's handles.
 fn with_problem(damage: impl FnOnce(&mut Graph, NodeId, NodeId)) -> Program {
-    use zerosched_ir::{Dim, Dtype, Form, GraphKind, Meta, Node, Op, TensorMeta, Val};
+    use zerosched_ir::{Dim, Dtype, GraphKind, Meta, Node, Op, TensorMeta, Val};
     let tensor = |dims: Vec<u64>| {
         let shape = dims.into_iter().map(Dim::Const).collect();
         Some(Val::Tensor(std::sync::Arc::new(TensorMeta::new(
@@ -310,10 +310,7 @@ fn with_problem(damage: impl FnOnce(&mut Graph, NodeId, NodeId)) -> Program {
         })
         .unwrap();
     damage(&mut g, y, out);
-    Program {
-        graphs: vec![g],
-        form: Form::Graph,
-    }
+    Program::single(g)
 }
 
 /// The binary fast path checks each node as it reads it and leaves the checks over whole

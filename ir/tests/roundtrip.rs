@@ -235,3 +235,42 @@ fn fixtures_round_trip() {
     }
     assert!(seen >= 1);
 }
+
+/// The program-level `persistent` list: read at the top of a bundle and of a single graph's
+/// document, by both JSON paths; written back where it was read, and through the binary
+/// form; a graph inside a bundle may carry one too, which the program's list does not take;
+/// a document without one (every v1 document before it) reads as an empty list.
+#[test]
+fn the_program_level_persistent_list_round_trips() {
+    let graph = r#"{"format":"fx-graph","version":1,"name":"g","kind":"backward","nodes":[
+{"name":"x","op":"placeholder","target":"x","args":[],"kwargs":{},"meta":{"val":{"shape":[4],"dtype":"float32"}}},
+{"name":"output","op":"output","target":"output","args":[[{"node":"x"}]],"kwargs":{}}
+],"params":[],"grads":[{"param":"norm.weight","output_index":0}]"#;
+    let single = format!("{graph},\"persistent\":[\"norm.weight\",\"b\",\"b\"]}}");
+    let bundle = format!(
+        "{{\"format\":\"fx-program\",\"version\":1,\"persistent\":[\"norm.weight\"],\"graphs\":[{graph},\"persistent\":[\"inner\"]}}]}}"
+    );
+    let plain = format!("{{\"format\":\"fx-program\",\"version\":1,\"graphs\":[{graph}}}]}}");
+    let names = |p: &Program| p.persistent_list.iter().cloned().collect::<Vec<_>>();
+    for (doc, want) in [
+        (&single, vec!["b", "norm.weight"]),
+        (&bundle, vec!["norm.weight"]),
+        (&plain, vec![]),
+    ] {
+        let fast = json::import(doc.as_bytes()).expect("imports");
+        let careful = json::import_careful(doc.as_bytes()).expect("imports carefully");
+        assert_eq!(names(&fast), want, "{doc}");
+        assert_eq!(names(&careful), want, "{doc}");
+        // The gradient's own entry says nothing; the program's list makes it persistent.
+        assert_eq!(fast.persistent().contains("norm.weight"), !want.is_empty());
+        let out = json::export(&fast);
+        assert_eq!(names(&json::import(&out).expect("reimports")), want);
+        let bin = binary::import(&binary::export(&fast)).expect("binary");
+        assert_eq!(names(&bin), want);
+        assert_eq!(json::export(&bin), out);
+    }
+    // A list that is not a list of names is refused where it stands.
+    let bad = format!("{graph},\"persistent\":[1]}}");
+    let e = json::import(bad.as_bytes()).unwrap_err().to_string();
+    assert!(e.contains("line 4"), "{e}");
+}

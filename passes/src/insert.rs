@@ -59,6 +59,15 @@ pub fn insert(g: &mut Graph, persistent: &BTreeSet<String>) -> Result<InsertRepo
         reduce_grads(g, &persistent, &mut plan, &mut report)?;
     }
     plan.apply(g)?;
+    // The graph now says what the program decided: a parameter persistent in another graph
+    // is read whole here too, and whatever reads this graph alone (the simulator's count of
+    // a rank's bytes, a later run on the graph by itself) must hold it whole as well.
+    for p in &mut g.params {
+        p.persistent |= persistent.contains(&p.name);
+    }
+    for gr in &mut g.grads {
+        gr.persistent |= persistent.contains(&gr.param);
+    }
     Ok(report)
 }
 

@@ -242,3 +242,58 @@ fn a_hundred_thousand_node_chain_is_handled_without_recursion() {
     run(&mut g);
     assert!(pos(&g, "release_wait_w") > pos(&g, "mm_last"));
 }
+
+/// A backward graph scheduled on its own carries neither the norm weight nor a flag on its
+/// gradient entry; only the document's program-level `persistent` list says the weight is
+/// kept whole. With it the gradient is all-reduced (and priced so by the simulator, at its
+/// full size), and the graph's gradient entry says so; without it, reduce-scattered.
+#[test]
+fn a_standalone_backward_graph_takes_persistence_from_the_program_list() {
+    use zerosched_passes::cost::Collective;
+    use zerosched_passes::pipeline::{self, PipelineOptions};
+    use zerosched_passes::schedule::ScheduleOptions;
+    use zerosched_passes::simulate::{SimOptions, simulate_program};
+    let doc = |list: &str| {
+        format!(
+            r#"{{"format":"fx-graph","version":1,"name":"bwd","kind":"backward","nodes":[
+{{"name":"t","op":"placeholder","target":"t","args":[],"kwargs":{{}},"meta":{{"val":{{"shape":[1024],"dtype":"float32"}}}}}},
+{{"name":"mul","op":"call_function","target":"aten.mul.Tensor","args":[{{"node":"t"}},{{"node":"t"}}],"kwargs":{{}},"meta":{{"val":{{"shape":[1024],"dtype":"float32"}}}}}},
+{{"name":"output","op":"output","target":"output","args":[[{{"node":"mul"}}]],"kwargs":{{}}}}
+],"params":[],"grads":[{{"param":"norm.weight","output_index":0}}]{list}}}"#
+        )
+    };
+    for (list, all_reduced) in [(r#","persistent":["norm.weight"]"#, true), ("", false)] {
+        let mut p = zerosched_ir::import(doc(list).as_bytes()).expect("valid");
+        let opts = PipelineOptions {
+            schedule: ScheduleOptions {
+                world_size: 4,
+                ..ScheduleOptions::default()
+            },
+            verify: true,
+            ..PipelineOptions::default()
+        };
+        pipeline::run(&pipeline::standard(), &mut p, &opts).expect("schedules");
+        let g = &p.graphs[0];
+        let (_, reduce) = g
+            .nodes()
+            .find(|(_, n)| n.target == ops::REDUCE_GRAD)
+            .expect("a reduction");
+        assert_eq!(zerosched_ir::comm::reduce_sharded(reduce), !all_reduced);
+        assert_eq!(g.grads[0].persistent, all_reduced);
+        let sim = simulate_program(
+            &p,
+            &SimOptions {
+                world_size: 4,
+                ..SimOptions::default()
+            },
+        );
+        let spans = &sim.graphs[0].timeline.comm;
+        assert_eq!(spans.len(), 1);
+        let want = if all_reduced {
+            Collective::AllReduce
+        } else {
+            Collective::ReduceScatter
+        };
+        assert_eq!((spans[0].kind, spans[0].bytes), (want, 4096));
+    }
+}

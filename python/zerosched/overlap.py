@@ -152,7 +152,8 @@ def _decode(a: Any, env: dict[str, fx.Node]) -> Any:
 
 
 def persistent_params(program: dict) -> set[str]:
-    out = set()
+    """The program's persistent parameters: its top-level list and every graph's flags."""
+    out = set(program.get("persistent", []))
     for g in program["graphs"]:
         out |= {p["name"] for p in g.get("params", []) if p.get("persistent")}
         out |= {p["param"] for p in g.get("grads", []) if p.get("persistent")}

@@ -33,6 +33,7 @@ pub(super) fn program(payload: &[u8]) -> Option<Program> {
     let mut w = Wire::new(payload);
     let bundle = w.bool()?;
     let sections = list::<Vec<u8>, _>(&mut w, Wire::section)?;
+    let persistent = list::<String, _>(&mut w, |w| w.str().map(str::to_owned))?;
     if w.remaining() != 0 {
         return None;
     }
@@ -87,7 +88,11 @@ pub(super) fn program(payload: &[u8]) -> Option<Program> {
         .map(|(part, assembly)| part.finish(assembly.finish()?))
         .collect::<Option<Vec<Graph>>>()?;
     let form = if bundle { Form::Bundle } else { Form::Graph };
-    Some(Program { graphs, form })
+    Some(Program {
+        graphs,
+        form,
+        persistent_list: persistent.into_iter().collect(),
+    })
 }
 
 /// A `Vec<B>` as bincode reads it, claims and all, each item read by `item` as a `T`.

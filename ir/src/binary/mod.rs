@@ -17,7 +17,7 @@ use std::sync::Arc;
 /// `ZSGRAPH` and a byte that no text encoding of JSON starts with.
 pub const MAGIC: &[u8; 8] = b"ZSGRAPH\x89";
 /// Bumped on any change to the encoded structures.
-pub const VERSION: u16 = 4;
+pub const VERSION: u16 = 5;
 /// Upper bound on what a decode may claim, far above any real training step.
 const LIMIT: usize = 1 << 30;
 /// Nodes per chunk: enough that a chunk's overhead is nothing, few enough that a large graph
@@ -39,6 +39,8 @@ struct BinProgram {
     /// Each graph's [`BinGraph`], encoded on its own: decoding one claims against the decode
     /// limit afresh.
     graphs: Vec<Vec<u8>>,
+    /// The program's list of persistent parameters ([`Program::persistent_list`]), sorted.
+    persistent: Vec<String>,
 }
 
 /// A graph with its repeated parts stored once: each distinct target and each distinct tensor
@@ -120,6 +122,7 @@ fn export_with(program: &Program, chunk: impl Fn(Vec<u8>) -> Vec<u8> + Sync) -> 
     let doc = BinProgram {
         bundle: program.form == Form::Bundle,
         graphs,
+        persistent: program.persistent_list.iter().cloned().collect(),
     };
     // About a byte in eight of the JSON text; sized once for the common case.
     let nodes: usize = program.graphs.iter().map(Graph::len).sum();
@@ -305,7 +308,11 @@ fn careful(payload: &[u8]) -> Result<Program, ImportError> {
     } else {
         Form::Graph
     };
-    let program = Program { graphs, form };
+    let program = Program {
+        graphs,
+        form,
+        persistent_list: doc.persistent.into_iter().collect(),
+    };
     crate::verify::program(&program)?;
     Ok(program)
 }
@@ -495,6 +502,7 @@ mod tests {
         let doc = BinProgram {
             bundle: false,
             graphs: vec![encode(&graph)],
+            persistent: vec![],
         };
         let mut out = MAGIC.to_vec();
         out.extend_from_slice(&VERSION.to_le_bytes());

@@ -19,6 +19,7 @@ use crate::{
 };
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
+use std::collections::BTreeSet;
 use std::fmt;
 
 /// The document, or `None` if the careful path must decide.
@@ -140,7 +141,15 @@ impl<'de, T: de::Deserialize<'de>> DeserializeSeed<'de> for Plain<T> {
 struct DocSeed;
 
 const DOC_KEYS: &[&str] = &[
-    "format", "version", "name", "kind", "nodes", "params", "grads", "graphs",
+    "format",
+    "version",
+    "name",
+    "kind",
+    "nodes",
+    "params",
+    "grads",
+    "graphs",
+    "persistent",
 ];
 
 #[derive(Clone, Copy, PartialEq)]
@@ -183,6 +192,7 @@ impl<'de> Visitor<'de> for DocSeed {
         // the careful path's one-pass reading does.
         let mut top = GraphParts::default();
         let mut graphs = None;
+        let mut persistent = BTreeSet::new();
         while let Some(key) = map.next_key_seed(Key(DOC_KEYS))? {
             let Some(k) = key else {
                 map.next_value::<IgnoredAny>()?;
@@ -193,17 +203,22 @@ impl<'de> Visitor<'de> for DocSeed {
                 0 => fmt = Some(map.next_value_seed(Peek(format))?),
                 1 => version = Some(map.next_value::<f64>()?),
                 7 => graphs = Some(map.next_value_seed(GraphsSeed)?),
+                8 => persistent = map.next_value::<Vec<String>>()?.into_iter().collect(),
                 _ => top.field(k, &mut map)?,
             }
         }
         if !version.is_some_and(version_ok) {
             return Err(give_up());
         }
-        match fmt {
-            Some(Format::Graph) => Ok(Program::single(top.finish()?)),
-            Some(Format::Program) => Ok(Program::bundle(graphs.ok_or_else(give_up)?)),
-            None => Err(give_up()),
-        }
+        let program = match fmt {
+            Some(Format::Graph) => Program::single(top.finish()?),
+            Some(Format::Program) => Program::bundle(graphs.ok_or_else(give_up)?),
+            None => return Err(give_up()),
+        };
+        Ok(Program {
+            persistent_list: persistent,
+            ..program
+        })
     }
 }
 
@@ -266,6 +281,11 @@ impl<'de> Visitor<'de> for GraphSeed {
                     if !map.next_value::<Option<f64>>()?.is_none_or(version_ok) {
                         return Err(give_up());
                     }
+                }
+                // The program's list is read at the top level only, but must be one here
+                // too, as the careful path reads it.
+                8 => {
+                    map.next_value::<Vec<String>>()?;
                 }
                 // Not a field of a bundle's graph.
                 7 => {

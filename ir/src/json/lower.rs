@@ -10,7 +10,11 @@ use std::collections::HashMap;
 
 pub(super) fn single(doc: RawGraph) -> Result<Program, ImportError> {
     let label = doc.name.clone().unwrap_or_else(|| "<unnamed>".to_owned());
-    Ok(Program::single(graph(doc, &label)?))
+    let persistent_list = doc.persistent.iter().cloned().collect();
+    Ok(Program {
+        persistent_list,
+        ..Program::single(graph(doc, &label)?)
+    })
 }
 
 pub(super) fn program(doc: RawProgram) -> Result<Program, ImportError> {
@@ -45,7 +49,10 @@ pub(super) fn program(doc: RawProgram) -> Result<Program, ImportError> {
         }
     }
     diags.into_result()?;
-    Ok(Program::bundle(graphs))
+    Ok(Program {
+        persistent_list: doc.persistent.into_iter().collect(),
+        ..Program::bundle(graphs)
+    })
 }
 
 fn graph(doc: RawGraph, label: &str) -> Result<Graph, Diagnostics> {

@@ -56,6 +56,8 @@ pub(super) struct RawDoc {
     #[serde(default)]
     grads: Vec<RawGrad>,
     graphs: Option<Vec<RawGraph>>,
+    #[serde(default)]
+    persistent: Vec<String>,
 }
 
 impl RawDoc {
@@ -72,12 +74,14 @@ impl RawDoc {
             nodes: self.nodes,
             params: self.params,
             grads: self.grads,
+            persistent: self.persistent.clone(),
         };
         (
             header,
             graph,
             RawProgram {
                 graphs: self.graphs,
+                persistent: self.persistent,
             },
         )
     }
@@ -86,6 +90,8 @@ impl RawDoc {
 #[derive(Deserialize)]
 pub(super) struct RawProgram {
     pub graphs: Option<Vec<RawGraph>>,
+    #[serde(default)]
+    pub persistent: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -99,6 +105,10 @@ pub(super) struct RawGraph {
     pub params: Vec<RawParam>,
     #[serde(default)]
     pub grads: Vec<RawGrad>,
+    /// A document's top-level list of the program's persistent parameters; read from a
+    /// single graph's document, not from a graph inside a bundle.
+    #[serde(default)]
+    pub persistent: Vec<String>,
 }
 
 #[derive(Deserialize)]

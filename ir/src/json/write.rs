@@ -7,6 +7,7 @@
 
 use crate::{Arg, Dim, Form, Graph, Meta, Node, NodeId, Program, SideTable, TensorMeta, Val};
 use rayon::prelude::*;
+use std::collections::BTreeSet;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -17,21 +18,28 @@ const BYTES_PER_NODE: usize = 320;
 pub fn export(program: &Program) -> Vec<u8> {
     let nodes: usize = program.graphs.iter().map(Graph::len).sum();
     let mut out = Vec::with_capacity(nodes.saturating_mul(BYTES_PER_NODE));
+    let listed = &program.persistent_list;
     if program.form == Form::Graph && program.graphs.len() == 1 {
-        write_graph(&mut out, &program.graphs[0]);
+        write_graph(&mut out, &program.graphs[0], listed);
     } else {
-        out.extend_from_slice(b"{\"format\":\"fx-program\",\"version\":1,\"graphs\":[\n");
+        out.extend_from_slice(b"{\"format\":\"fx-program\",\"version\":1,");
+        if !listed.is_empty() {
+            out.extend_from_slice(b"\"persistent\":");
+            write_names(&mut out, listed);
+            out.push(b',');
+        }
+        out.extend_from_slice(b"\"graphs\":[\n");
         if let Some((first, others)) = program.graphs.split_first() {
             // The graphs are written at once, one task each, and joined in order.
             let (_, others) = rayon::join(
-                || write_graph(&mut out, first),
+                || write_graph(&mut out, first, &BTreeSet::new()),
                 || {
                     others
                         .par_iter()
                         .map(|g| {
                             let mut text =
                                 Vec::with_capacity(g.len().saturating_mul(BYTES_PER_NODE));
-                            write_graph(&mut text, g);
+                            write_graph(&mut text, g, &BTreeSet::new());
                             text
                         })
                         .collect::<Vec<_>>()
@@ -51,12 +59,20 @@ pub fn export(program: &Program) -> Vec<u8> {
 /// Writes one graph as an `fx-graph` document.
 pub fn export_graph(graph: &Graph) -> Vec<u8> {
     let mut out = Vec::with_capacity(graph.len().saturating_mul(BYTES_PER_NODE));
-    write_graph(&mut out, graph);
+    write_graph(&mut out, graph, &BTreeSet::new());
     out.push(b'\n');
     out
 }
 
-fn write_graph(out: &mut Vec<u8>, g: &Graph) {
+/// A JSON list of names, as serde_json writes one.
+fn write_names(out: &mut Vec<u8>, names: &BTreeSet<String>) {
+    // Writing plain strings into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, names);
+}
+
+/// One graph as an `fx-graph` document; `listed` is the program's list of persistent
+/// parameters, written when the graph is the whole document.
+fn write_graph(out: &mut Vec<u8>, g: &Graph, listed: &BTreeSet<String>) {
     let mut names = SideTable::new(g, "");
     for (id, n) in g.nodes() {
         names[id] = n.name.as_str();
@@ -113,7 +129,12 @@ fn write_graph(out: &mut Vec<u8>, g: &Graph) {
         }
         w.raw(b"}");
     }
-    w.raw(b"]}");
+    w.raw(b"]");
+    if !listed.is_empty() {
+        w.raw(b",\"persistent\":");
+        write_names(w.out, listed);
+    }
+    w.raw(b"}");
 }
 
 /// The bytes a JSON string must escape: control characters, `"` and `\`.
