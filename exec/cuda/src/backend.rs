@@ -1,11 +1,13 @@
 //! The executor's CUDA backend: one rank's device behind `zerosched_exec::Backend`.
 //!
 //! A tensor is a strided view of a pool block; shape ops (view, permute, transpose, expand,
-//! slice, squeeze, unsqueeze) make new views of the same block, everything else launches
-//! generated kernels or cuBLAS on the compute stream. A free fences both streams (the
-//! communication stream may have read the buffer) and returns the block to the pool. The ops
-//! are a subset of the CPU backend's (listed in [`resolve`]); a graph with another op is
-//! refused before it runs, naming op and node.
+//! slice, select, split, squeeze, unsqueeze) make new views of the same block when the node
+//! aliases its input, everything else launches generated kernels or cuBLAS on the compute
+//! stream (the op families beyond elementwise, views, reductions and products are in
+//! `ops/`). A free fences both streams (the communication stream may have read the
+//! buffer) and returns the block to the pool, with any copy a view op made of it. The ops are
+//! those of the fixtures (listed in [`resolve`]); a graph with another op is refused before it
+//! runs, naming op and node.
 
 use crate::device::{Device, StreamKind};
 use crate::error::CudaError;
@@ -989,14 +991,8 @@ fn slice(_: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, S
         env.arg_or_kw(1, "dim").map(int).transpose()?.unwrap_or(0),
         x.shape.len(),
     )?;
-    let bound = |a: Option<&Arg<NodeId>>| -> Result<Option<i64>, String> {
-        match a {
-            None | Some(Arg::None) => Ok(None),
-            Some(a) => int(a).map(Some),
-        }
-    };
-    let start = bound(env.arg_or_kw(2, "start"))?;
-    let end = bound(env.arg_or_kw(3, "end"))?;
+    let start = regions::opt_int(env.arg_or_kw(2, "start"))?;
+    let end = regions::opt_int(env.arg_or_kw(3, "end"))?;
     let step = env.arg_or_kw(4, "step").map(int).transpose()?.unwrap_or(1);
     one(regions::slice_view(x, d, start, end, step)?)
 }

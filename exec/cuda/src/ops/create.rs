@@ -17,7 +17,8 @@ fn dtype(env: &Env<'_, CudaTensor>, fallback: Dtype) -> Dtype {
     }
 }
 
-fn sizes(a: &Arg<zerosched_ir::NodeId>) -> Result<Vec<usize>, String> {
+/// A list of sizes (non-negative integers).
+pub fn sizes(a: &Arg<zerosched_ir::NodeId>) -> Result<Vec<usize>, String> {
     ints(a)?
         .into_iter()
         .map(|d| usize::try_from(d).map_err(|_| format!("negative size {d}")))

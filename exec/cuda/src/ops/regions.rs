@@ -3,6 +3,7 @@
 //! `fill` and `masked_fill`. Each is a copy of the base (or a fill) and one elementwise copy
 //! into a strided view of the result.
 
+use super::create::sizes;
 use super::{CudaTensor, Env, Value};
 use crate::backend::{Cuda, int, ints, norm_dim, number, one, out_dtype, tensor};
 use zerosched_ir::{Arg, NodeId};
@@ -46,7 +47,8 @@ pub fn select_view(x: &CudaTensor, d: usize, i: i64) -> Result<CudaTensor, Strin
     Ok(x.restride(shape, strides, offset))
 }
 
-fn opt_int(a: Option<&Arg<NodeId>>) -> Result<Option<i64>, String> {
+/// An optional integer argument (`None` when absent or `None`).
+pub fn opt_int(a: Option<&Arg<NodeId>>) -> Result<Option<i64>, String> {
     match a {
         None | Some(Arg::None) => Ok(None),
         Some(a) => int(a).map(Some),
@@ -108,13 +110,6 @@ pub fn select_scatter(
     one(write_region(c, Some(base), None, src, |o| {
         select_view(o, d, i)
     })?)
-}
-
-fn sizes(a: &Arg<NodeId>) -> Result<Vec<usize>, String> {
-    ints(a)?
-        .into_iter()
-        .map(|d| usize::try_from(d).map_err(|_| format!("negative size {d}")))
-        .collect()
 }
 
 /// `slice_backward(grad, input_sizes, dim, start, end, step)`: zeros with `grad` in the slice.

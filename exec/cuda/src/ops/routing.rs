@@ -6,7 +6,8 @@ use crate::backend::{Cuda, elem, gather_dims_last, int, norm_dim, number, one, o
 use crate::kernels::source::Elem;
 use zerosched_ir::{Arg, Dtype, NodeId};
 
-fn flag(a: Option<&Arg<NodeId>>, default: bool) -> bool {
+/// A boolean argument, `default` when absent.
+fn bool_arg(a: Option<&Arg<NodeId>>, default: bool) -> bool {
     match a {
         Some(Arg::Bool(b)) => *b,
         _ => default,
@@ -132,7 +133,7 @@ pub fn sort(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>
             .unwrap_or(-1),
         x.shape.len(),
     )?;
-    let descending = flag(env.arg_or_kw(desc_at, "descending"), false);
+    let descending = bool_arg(env.arg_or_kw(desc_at, "descending"), false);
     let n = x.shape.get(d).copied().unwrap_or(1);
     let vd = env.out_meta_k(0).map_or(x.dtype, |m| m.dtype);
     sorted(c, x, d, n, descending, vd)
@@ -148,7 +149,7 @@ pub fn topk(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>
             .unwrap_or(-1),
         x.shape.len(),
     )?;
-    let largest = flag(env.arg_or_kw(3, "largest"), true);
+    let largest = bool_arg(env.arg_or_kw(3, "largest"), true);
     let n = x.shape.get(d).copied().unwrap_or(1);
     if k > n {
         return Err(format!("topk: k = {k} > {n}"));
