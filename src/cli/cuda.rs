@@ -121,6 +121,11 @@ pub fn run_program(
     use zerosched_exec_cuda::profile::{Numeric, Spans};
     use zerosched_exec_cuda::replay::{self, Replay, Table};
     let l = launch(world)?;
+    // Ops the numeric backend lacks are refused before the device is touched (replay runs
+    // every op).
+    if matches!(mode, Mode::Numeric { .. }) {
+        plans::<Numeric>(program)?;
+    }
     inputs.check(program)?;
     let dev = Device::open(l.local_rank as usize)?;
     let device = format!("GPU {} ({})", dev.ordinal(), dev.name()?);
