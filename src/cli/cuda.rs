@@ -268,11 +268,12 @@ pub fn profile(
     Err(unavailable().unwrap_or_else(|| "no CUDA backend".into()))
 }
 
-/// `zerosched calibrate`: one process per GPU as `torchrun` launches it (`RANK`,
-/// `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), or world size 1 without them;
-/// rank 0 writes the table.
+/// `zerosched calibrate`: one process per GPU as `torchrun` (or `--world-size`'s spawning)
+/// launches it (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), or world
+/// size 1 without them; a given `--world-size` must match the launch's; rank 0 writes the
+/// table.
 #[cfg(feature = "cuda")]
-pub fn calibrate(out: &std::path::Path, max_bytes: u64) -> Result<(), Failure> {
+pub fn calibrate(out: &std::path::Path, max_bytes: u64, world: Option<u32>) -> Result<(), Failure> {
     use zerosched_exec_cuda::calibrate;
     use zerosched_exec_cuda::device::Device;
     use zerosched_exec_cuda::nccl::Comm;
@@ -281,9 +282,9 @@ pub fn calibrate(out: &std::path::Path, max_bytes: u64) -> Result<(), Failure> {
     if let Some(e) = unavailable() {
         return Err(e);
     }
-    let launch = match Launch::from_env()? {
-        Some(l) => l,
-        None => launch(1)?,
+    let launch = match (Launch::from_env()?, world) {
+        (Some(l), None) => l,
+        (_, w) => launch(w.unwrap_or(1))?,
     };
     let dev = Device::open(launch.local_rank as usize)?;
     let mut pool = Pool::new(&dev);
@@ -308,6 +309,10 @@ pub fn calibrate(out: &std::path::Path, max_bytes: u64) -> Result<(), Failure> {
 }
 
 #[cfg(not(feature = "cuda"))]
-pub fn calibrate(_out: &std::path::Path, _max_bytes: u64) -> Result<(), Failure> {
+pub fn calibrate(
+    _out: &std::path::Path,
+    _max_bytes: u64,
+    _world: Option<u32>,
+) -> Result<(), Failure> {
     Err(unavailable().unwrap_or_else(|| "no CUDA backend".into()))
 }
