@@ -102,6 +102,19 @@ pub fn launched() -> bool {
     std::env::var_os("RANK").is_some() || std::env::var_os("WORLD_SIZE").is_some()
 }
 
+/// Refuses a program with ops the numeric CUDA backend lacks, naming every such node (before
+/// anything is read or the device touched; replay runs every op).
+#[cfg(feature = "cuda")]
+pub fn check_ops(program: &zerosched_ir::Program) -> Result<(), Failure> {
+    zerosched_exec::plans::<zerosched_exec_cuda::profile::Numeric>(program)?;
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn check_ops(_program: &zerosched_ir::Program) -> Result<(), Failure> {
+    Err(unavailable().unwrap_or_else(|| "no CUDA backend".into()))
+}
+
 /// Runs the program on this process's GPU, one rank of the world, after checking that the
 /// rank's dry-run peak fits the GPU's free memory.
 #[cfg(feature = "cuda")]
@@ -121,11 +134,6 @@ pub fn run_program(
     use zerosched_exec_cuda::profile::{Numeric, Spans};
     use zerosched_exec_cuda::replay::{self, Replay, Table};
     let l = launch(world)?;
-    // Ops the numeric backend lacks are refused before the device is touched (replay runs
-    // every op).
-    if matches!(mode, Mode::Numeric { .. }) {
-        plans::<Numeric>(program)?;
-    }
     inputs.check(program)?;
     let dev = Device::open(l.local_rank as usize)?;
     let device = format!("GPU {} ({})", dev.ordinal(), dev.name()?);

@@ -106,6 +106,11 @@ pub fn run(args: Args) -> Result<(), Failure> {
             &opts,
         )?;
     }
+    // Ops the numeric CUDA backend lacks are refused before an inputs file (perhaps large)
+    // is read.
+    if args.executor == "cuda" && !args.replay && !args.dry_run {
+        super::cuda::check_ops(&program)?;
+    }
     let mut inputs = Inputs::new(args.seed);
     if let Some(p) = &args.inputs {
         inputs.load(p)?;
