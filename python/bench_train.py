@@ -85,7 +85,8 @@ CONFIGS = {
     "compile": "unsharded, torch.compile (Inductor): the upper bound at world size 1",
     "zerosched-eager": "zerosched.shard + torch.compile(backend=zerosched.backend(inner='eager'))",
     "zerosched-inductor": "zerosched.shard + torch.compile(backend=zerosched.backend(inner='inductor'))",
-    "zerosched-memory": "as zerosched-inductor, with backend(memory=--zerosched-memory)",
+    "zerosched-memory": "as zerosched-inductor, with backend(memory=--zerosched-memory); by default the memory "
+                        "at which the step peaks where fsdp2-compile did (needs both run before it)",
     "fsdp2-compile": "fully_shard per decoder block and on the root, then torch.compile (Inductor)",
     "deepspeed-z3": "DeepSpeed ZeRO-3, bf16, no compile",
     "deepspeed-z3-deepcompile": "DeepSpeed ZeRO-3, bf16, DeepCompile (engine.compile())",
@@ -326,8 +327,34 @@ def run_job(job: dict) -> dict:
         from zerosched import compiler, runtime
 
         rec["zerosched"] = dict(vars(compiler.STATS), peak_gathered_bytes=runtime.RUNTIME.peak_gathered_bytes,
-                                fallback_gathers=runtime.RUNTIME.fallback_gathers)
+                                fallback_gathers=runtime.RUNTIME.fallback_gathers,
+                                simulated_peak_bytes=simulated_peak(compiler), memory=job["zerosched_memory"])
     return rec
+
+
+def simulated_peak(compiler) -> int | None:
+    """The most bytes any scheduled graph holds at once as the simulator counts them (the quantity
+    that ``memory=`` bounds), over the schedules this process made."""
+    peaks = [json.loads(report).get("simulation", {}).get("total", {}).get("peak_total_bytes")
+             for _, report in compiler._CACHE.values()]
+    return max((p for p in peaks if p is not None), default=None)
+
+
+def matched_memory(rows: list[dict], model: str, target: str) -> tuple[int | None, str]:
+    """The ``memory=`` at which zerosched's step should peak where ``target`` did on ``model``:
+    ``target``'s peak allocation less what zerosched-inductor's step held beyond its schedules'
+    simulated peak (master weights, optimizer state, the allocator's working set), as a user
+    who wants that peak would set it."""
+    by = {r["config"]: r for r in rows if r["model"] == model and r.get("status") == "ok"}
+    ref, own = by.get(target), by.get("zerosched-inductor")
+    sim = (own or {}).get("zerosched", {}).get("simulated_peak_bytes")
+    if ref is None or own is None or sim is None or "peak_allocated_gib" not in ref:
+        return None, f"needs {target} and zerosched-inductor run before it on {model}, on CUDA"
+    outside = own["peak_allocated_gib"] * 2**30 - sim
+    memory = int(ref["peak_allocated_gib"] * 2**30 - outside)
+    if memory <= 0:
+        return None, f"{target}'s peak is below what the step holds outside its graphs"
+    return memory, ""
 
 
 def profile_steps(run: "Run", first: int, n: int) -> dict:
@@ -565,7 +592,10 @@ def parse_args(argv=None):
     ap.add_argument("--profile-steps", type=int, default=0, help="after the timed steps, this many more under "
                     "torch.profiler: host time per op (zerosched's inserted ops and the heaviest others) in the record")
     ap.add_argument("--budget", default=None, help="zerosched.backend budget (bytes or '2GiB'; default: none)")
-    ap.add_argument("--zerosched-memory", default=None, help="zerosched.backend memory= for zerosched-memory")
+    ap.add_argument("--zerosched-memory", default="match:fsdp2-compile",
+                    help="zerosched.backend memory= for zerosched-memory: bytes, '30GiB', or 'match:CONFIG', the memory "
+                         "at which the step peaks where CONFIG did (from CONFIG's and zerosched-inductor's records, "
+                         "run before it on the same model)")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="parameter and compute dtype (master weights are always float32)")
     ap.add_argument("--tiny", action="store_true", help="the tiny models on the CPU (gloo)")
@@ -632,7 +662,7 @@ def main(argv=None) -> list[dict]:
         if args.layers:
             spec["layers"] = args.layers
         base = dict(model=model, spec=spec, dtype=args.dtype, device=args.device, steps=args.steps,
-                    profile_steps=args.profile_steps, warmup=args.warmup, budget=_budget(args.budget), zerosched_memory=_budget(args.zerosched_memory),
+                    profile_steps=args.profile_steps, warmup=args.warmup, budget=_budget(args.budget),
                     peak_flops=peak, max_micro_batch=args.max_micro_batch, headroom=args.headroom)
         mb, found = (None, {}) if args.micro_batch == "auto" else (int(args.micro_batch), None)
         if mb is None:
@@ -646,10 +676,16 @@ def main(argv=None) -> list[dict]:
                        **go(dict(kind="build", device=args.device), "deepcompile-op-build")}
                 print(f"DeepCompile's op: {json.dumps(rec)}", flush=True)
                 record(rec)
+            memory, why = (_budget(args.zerosched_memory) if config == "zerosched-memory" else None), ""
+            if str(memory).startswith("match:"):
+                memory, why = matched_memory(rows, model, memory.split(":", 1)[1])
             if mb is None:
                 why = found.get("error") or "none fits"
                 rec = {"status": "skipped", "error": f"the micro-batch search: {why}"}
+            elif memory is None and config == "zerosched-memory":
+                rec = {"status": "skipped", "error": f"--zerosched-memory: {why}"}
             else:
+                base["zerosched_memory"] = memory
                 rec = go({**base, "kind": "train", "config": config, "micro_batch": mb}, f"{model}.{config}")
                 if rec.get("status") == "oom" and mb > 1:  # this configuration holds more: half the batch
                     rec = go({**base, "kind": "train", "config": config, "micro_batch": mb // 2},

@@ -6,11 +6,42 @@ use crate::{Dim, Dtype, Node, Op, Problem};
 use bincode::{Decode, Encode};
 use petgraph::Direction;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
-use petgraph::visit::{EdgeRef, NodeIndexable};
+use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
 
-/// A node handle. Only a [`Graph`] hands them out, so a `NodeId` from a graph is valid in it
-/// until that node is removed.
-pub type NodeId = NodeIndex<u32>;
+/// A node handle: an index into its graph's node arena, stable while other nodes are added
+/// and removed. Only a [`Graph`] hands them out, so a `NodeId` from a graph is valid in it
+/// until that node is removed. The IR's own type, so that the storage behind it can change
+/// without touching the passes.
+#[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeId(u32);
+
+impl NodeId {
+    /// The handle of the node at arena index `index` (readers and side tables number nodes so).
+    pub fn new(index: usize) -> NodeId {
+        NodeId(index as u32)
+    }
+
+    /// The arena index, for side tables indexed by node.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    pub(crate) fn ix(self) -> NodeIndex<u32> {
+        NodeIndex::new(self.0 as usize)
+    }
+}
+
+impl From<NodeIndex<u32>> for NodeId {
+    fn from(ix: NodeIndex<u32>) -> NodeId {
+        NodeId(ix.index() as u32)
+    }
+}
+
+impl std::fmt::Debug for NodeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "n{}", self.0)
+    }
+}
 
 /// What part of a training step a graph is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Encode, Decode)]
@@ -135,7 +166,7 @@ impl Graph {
         let mut producers = Distinct::default();
         let mut bad = None;
         node.for_each_ref(|&r| {
-            if producers.fresh(r) && bad.is_none() && !self.dag.contains_node(r) {
+            if producers.fresh(r) && bad.is_none() && !self.dag.contains_node(r.ix()) {
                 bad = Some(r.index());
             }
         });
@@ -143,13 +174,13 @@ impl Graph {
             return Err(Problem::DanglingRef { index });
         }
         let is_output = node.op == Op::Output;
-        let id = self.dag.add_node(node);
+        let id = NodeId::from(self.dag.add_node(node));
         self.names.insert(hash, id, &self.dag);
         if is_output {
             self.outputs.push(id);
         }
         for &p in producers.as_slice() {
-            self.dag.add_edge(p, id, ());
+            self.dag.add_edge(p.ix(), id.ix(), ());
         }
         Ok(id)
     }
@@ -168,7 +199,7 @@ impl Graph {
         let dense = self.dag.node_count() == self.dag.node_bound();
         for &id in &order {
             match seen.get_mut(id.index()) {
-                Some(s) if !*s && (dense || self.dag.contains_node(id)) => *s = true,
+                Some(s) if !*s && (dense || self.dag.contains_node(id.ix())) => *s = true,
                 _ => return Err(Problem::BadOrder),
             }
         }
@@ -193,24 +224,24 @@ impl Graph {
         };
         if let Some(bad) = probe
             .refs()
-            .find(|r| !self.dag.contains_node(**r) || **r == id)
+            .find(|r| !self.dag.contains_node(r.ix()) || **r == id)
         {
             return Err(Problem::DanglingRef { index: bad.index() });
         }
         let producers = distinct(probe.refs().copied());
-        let node = &mut self.dag[id];
+        let node = &mut self.dag[id.ix()];
         std::mem::swap(&mut node.args, &mut probe.args);
         std::mem::swap(&mut node.kwargs, &mut probe.kwargs);
         let old: Vec<_> = self
             .dag
-            .edges_directed(id, Direction::Incoming)
+            .edges_directed(id.ix(), Direction::Incoming)
             .map(|e| e.id())
             .collect();
         for e in old {
             self.dag.remove_edge(e);
         }
         for p in producers {
-            self.dag.add_edge(p, id, ());
+            self.dag.add_edge(p.ix(), id.ix(), ());
         }
         Ok(())
     }
@@ -222,7 +253,7 @@ impl Graph {
         id: NodeId,
         mut f: impl FnMut(NodeId) -> NodeId,
     ) -> Result<(), Problem> {
-        let n = &self.dag[id];
+        let n = &self.dag[id.ix()];
         let mut swap = |r: &NodeId| f(*r);
         let args = n.args.iter().map(|a| a.map_refs(&mut swap)).collect();
         let kwargs = n
@@ -237,7 +268,7 @@ impl Graph {
     pub fn remove(&mut self, id: NodeId) -> Result<Node, Problem> {
         if self
             .dag
-            .neighbors_directed(id, Direction::Outgoing)
+            .neighbors_directed(id.ix(), Direction::Outgoing)
             .next()
             .is_some()
         {
@@ -245,7 +276,7 @@ impl Graph {
         }
         let node = self
             .dag
-            .remove_node(id)
+            .remove_node(id.ix())
             .ok_or(Problem::DanglingRef { index: id.index() })?;
         self.names.remove(&node.name, id);
         self.order.retain(|&n| n != id);
@@ -258,38 +289,38 @@ impl Graph {
         for &id in ids {
             let used_outside = self
                 .dag
-                .neighbors_directed(id, Direction::Outgoing)
-                .any(|u| !ids.contains(&u));
+                .neighbors_directed(id.ix(), Direction::Outgoing)
+                .any(|u| !ids.contains(&u.into()));
             if used_outside {
                 return Err(Problem::StillUsed);
             }
         }
         for &id in ids {
-            if let Some(node) = self.dag.remove_node(id) {
+            if let Some(node) = self.dag.remove_node(id.ix()) {
                 self.names.remove(&node.name, id);
             }
         }
-        self.order.retain(|&n| self.dag.contains_node(n));
-        self.outputs.retain(|&n| self.dag.contains_node(n));
+        self.order.retain(|&n| self.dag.contains_node(n.ix()));
+        self.outputs.retain(|&n| self.dag.contains_node(n.ix()));
         Ok(())
     }
 
     pub fn node(&self, id: NodeId) -> &Node {
-        &self.dag[id]
+        &self.dag[id.ix()]
     }
 
     pub fn get(&self, id: NodeId) -> Option<&Node> {
-        self.dag.node_weight(id)
+        self.dag.node_weight(id.ix())
     }
 
     /// Changes what a node calls; its arguments and edges stay.
     pub fn set_target(&mut self, id: NodeId, target: impl Into<crate::Str>) {
-        self.dag[id].target = target.into();
+        self.dag[id.ix()].target = target.into();
     }
 
     /// Metadata may change freely: it carries no edges.
     pub fn meta_mut(&mut self, id: NodeId) -> &mut crate::Meta {
-        &mut self.dag[id].meta
+        &mut self.dag[id.ix()].meta
     }
 
     pub fn node_by_name(&self, name: &str) -> Option<NodeId> {
@@ -314,7 +345,7 @@ impl Graph {
 
     /// Nodes in program order with their data.
     pub fn nodes(&self) -> impl Iterator<Item = (NodeId, &Node)> {
-        self.order.iter().map(|&id| (id, &self.dag[id]))
+        self.order.iter().map(|&id| (id, &self.dag[id.ix()]))
     }
 
     pub fn len(&self) -> usize {
@@ -340,7 +371,7 @@ impl Graph {
     /// Calls `f` on each distinct producer a node reads, in the order its arguments first
     /// name them: [`Graph::inputs`] without collecting them.
     pub fn for_each_input(&self, id: NodeId, f: impl FnMut(NodeId)) {
-        let node = &self.dag[id];
+        let node = &self.dag[id.ix()];
         Distinct::default().each(|g| node.for_each_ref(|r| g(*r)), f);
     }
 
@@ -357,7 +388,8 @@ impl Graph {
     pub fn users(&self, id: NodeId) -> Vec<NodeId> {
         let mut users: Vec<NodeId> = self
             .dag
-            .neighbors_directed(id, Direction::Outgoing)
+            .neighbors_directed(id.ix(), Direction::Outgoing)
+            .map(NodeId::from)
             .collect();
         users.sort_unstable();
         users
@@ -365,13 +397,46 @@ impl Graph {
 
     pub fn has_users(&self, id: NodeId) -> bool {
         self.dag
-            .neighbors_directed(id, Direction::Outgoing)
+            .neighbors_directed(id.ix(), Direction::Outgoing)
             .next()
             .is_some()
     }
 
-    /// The dataflow graph, for petgraph's algorithms.
-    pub fn dag(&self) -> &StableDiGraph<Node, (), u32> {
+    /// Distinct consumers of a node in storage order: [`Graph::users`] without sorting, for
+    /// walks whose result does not depend on the order.
+    pub fn consumers(&self, id: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        self.dag
+            .neighbors_directed(id.ix(), Direction::Outgoing)
+            .map(NodeId::from)
+    }
+
+    /// Distinct producers of a node in storage order: [`Graph::inputs`] without collecting
+    /// them in argument order.
+    pub fn producers(&self, id: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        self.dag
+            .neighbors_directed(id.ix(), Direction::Incoming)
+            .map(NodeId::from)
+    }
+
+    /// Whether `consumer` reads `producer`.
+    pub fn feeds(&self, producer: NodeId, consumer: NodeId) -> bool {
+        self.dag.contains_edge(producer.ix(), consumer.ix())
+    }
+
+    /// Every live node by ascending index (not program order).
+    pub fn node_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.dag.node_indices().map(NodeId::from)
+    }
+
+    /// Every data edge as (producer, consumer), one per pair, in storage order.
+    pub fn edges(&self) -> impl Iterator<Item = (NodeId, NodeId)> + '_ {
+        self.dag
+            .edge_references()
+            .map(|e| (e.source().into(), e.target().into()))
+    }
+
+    /// The dataflow graph, for petgraph's algorithms inside the IR.
+    pub(crate) fn dag(&self) -> &StableDiGraph<Node, (), u32> {
         &self.dag
     }
 
@@ -398,7 +463,7 @@ impl Graph {
     /// The returned values: the output node's one argument, flattened one level.
     pub fn output_values(&self) -> &[crate::Arg<NodeId>] {
         self.output()
-            .and_then(|o| self.dag[o].args.first())
+            .and_then(|o| self.dag[o.ix()].args.first())
             .and_then(|a| a.as_list())
             .unwrap_or(&[])
     }

@@ -24,7 +24,9 @@ impl Names {
 
     /// The node named `name`, given its [`Names::hash`].
     pub(crate) fn find(&self, hash: u64, name: &str, dag: &Dag) -> Option<NodeId> {
-        self.table.find(hash, |&id| dag[id].name == name).copied()
+        self.table
+            .find(hash, |&id| dag[id.ix()].name == name)
+            .copied()
     }
 
     pub(crate) fn get(&self, name: &str, dag: &Dag) -> Option<NodeId> {
@@ -34,8 +36,9 @@ impl Names {
     /// Indexes node `id`, already in `dag`, whose name hashes to `hash` and is not taken.
     pub(crate) fn insert(&mut self, hash: u64, id: NodeId, dag: &Dag) {
         let hasher = &self.hasher;
-        self.table
-            .insert_unique(hash, id, |&other| hasher.hash_one(dag[other].name.as_str()));
+        self.table.insert_unique(hash, id, |&other| {
+            hasher.hash_one(dag[other.ix()].name.as_str())
+        });
     }
 
     /// Forgets node `id`, named `name` (the node itself may already be gone from the graph).
@@ -47,7 +50,8 @@ impl Names {
 
     pub(crate) fn reserve(&mut self, additional: usize, dag: &Dag) {
         let hasher = &self.hasher;
-        self.table
-            .reserve(additional, |&id| hasher.hash_one(dag[id].name.as_str()));
+        self.table.reserve(additional, |&id| {
+            hasher.hash_one(dag[id.ix()].name.as_str())
+        });
     }
 }

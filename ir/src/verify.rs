@@ -107,7 +107,7 @@ fn check_graph(g: &Graph, nodes: Nodes, d: &mut Diagnostics) {
             let cyclic = scc.len() > 1 || scc.first().is_some_and(|&n| g.dag().contains_edge(n, n));
             if cyclic {
                 let pos = g.positions();
-                let mut members = scc;
+                let mut members: Vec<crate::NodeId> = scc.into_iter().map(Into::into).collect();
                 members.sort_unstable_by_key(|&n| pos[n]);
                 for m in members {
                     d.push(Location::node(label, &g.node(m).name), Problem::Cycle);

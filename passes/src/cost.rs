@@ -102,8 +102,7 @@ impl CostModel {
             return if t.is_finite() && t > 0.0 { t } else { 0.0 };
         }
         let inputs: u64 = g
-            .dag()
-            .neighbors_directed(id, petgraph::Direction::Incoming)
+            .producers(id)
             .map(|i| bytes[i])
             .fold(0, u64::saturating_add);
         let moved = out.saturating_add(inputs) as f64;

@@ -84,7 +84,7 @@ fn gather_param(
         aliases
             .members(replaced)
             .iter()
-            .any(|&m| m != placeholder && g.dag().contains_edge(m, o))
+            .any(|&m| m != placeholder && g.feeds(m, o))
     });
     if compute_uses.is_empty() && !escapes {
         if uses.is_empty() {
@@ -150,7 +150,7 @@ fn fusable_downcast(g: &Graph, param: &Param, output: Option<NodeId>) -> Option<
         Some(Val::Tensor(t)) => t.dtype,
         _ => param.dtype,
     };
-    let returned = output.is_some_and(|o| g.dag().contains_edge(user, o));
+    let returned = output.is_some_and(|o| g.feeds(user, o));
     (to.is_floating() && from.is_floating() && to.size() < from.size() && !returned)
         .then_some((user, *to))
 }

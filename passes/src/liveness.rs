@@ -18,10 +18,7 @@ impl LastUses {
     pub fn compute(g: &Graph, aliases: &Aliases, order: &[NodeId]) -> LastUses {
         let mut last = SideTable::new(g, None);
         for &user in order {
-            for value in g
-                .dag()
-                .neighbors_directed(user, petgraph::Direction::Incoming)
-            {
+            for value in g.producers(user) {
                 if let Some(class) = aliases.class(value) {
                     if aliases.is_real_use(g, user, value) {
                         // Later in `order` overwrites earlier: the last write is the last use.

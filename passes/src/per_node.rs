@@ -1,7 +1,6 @@
 //! Short lists per node (inputs, users, alias sources, class members) kept in one flat array,
 //! so an analysis of a 100,000-node graph makes a handful of allocations, not one per node.
 
-use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use zerosched_ir::{Graph, NodeId, SideTable};
 
 #[derive(Clone, Debug, Default)]
@@ -94,9 +93,7 @@ impl PerNode {
 
 /// Distinct consumers of each node, by node index.
 pub fn users(g: &Graph) -> PerNode {
-    let mut p = PerNode::from_pairs(g, || {
-        g.dag().edge_references().map(|e| (e.source(), e.target()))
-    });
+    let mut p = PerNode::from_pairs(g, || g.edges());
     p.sort(g);
     p
 }
@@ -106,14 +103,14 @@ pub fn users(g: &Graph) -> PerNode {
 pub fn inputs_and_users(g: &Graph) -> (PerNode, PerNode) {
     let mut fan_in: SideTable<u32> = SideTable::new(g, 0);
     let mut fan_out: SideTable<u32> = SideTable::new(g, 0);
-    for e in g.dag().edge_references() {
-        fan_in[e.target()] += 1;
-        fan_out[e.source()] += 1;
+    for (source, target) in g.edges() {
+        fan_in[target] += 1;
+        fan_out[source] += 1;
     }
     let (mut inputs, mut users) = (PerNode::sized(g, &fan_in), PerNode::sized(g, &fan_out));
-    for e in g.dag().edge_references() {
-        inputs.push(e.target(), e.source());
-        users.push(e.source(), e.target());
+    for (source, target) in g.edges() {
+        inputs.push(target, source);
+        users.push(source, target);
     }
     inputs.sort(g);
     users.sort(g);

@@ -60,10 +60,7 @@ fn touches(n: &Node, gathers: &SideTable<Vec<usize>>) -> bool {
 fn topological(g: &Graph) -> Vec<NodeId> {
     // Edges are followed as the graph stores them (one per producer and consumer); the order
     // among ready nodes does not change the sets.
-    let users = |id| {
-        g.dag()
-            .neighbors_directed(id, petgraph::Direction::Outgoing)
-    };
+    let users = |id| g.consumers(id);
     let mut indegree = SideTable::new(g, 0usize);
     for &id in g.order() {
         for u in users(id) {

@@ -298,7 +298,7 @@ pub(super) fn build(g: &Graph, scope: Scope, budget: u64, world: u32) -> Built {
             continue;
         }
         // The output must never come to hold gathered storage, so what it reads stays as is.
-        let returned = output.is_some_and(|o| g.dag().contains_edge(id, o));
+        let returned = output.is_some_and(|o| g.feeds(id, o));
         let Some((x, shape)) = parse(n).filter(|_| !returned) else {
             continue;
         };

@@ -19,7 +19,6 @@
 use super::RewriteOptions;
 use super::build::{Scope, parse, previous};
 use crate::ops::{self, CommOp};
-use petgraph::Direction;
 use std::collections::BTreeSet;
 use zerosched_ir::{Arg, Graph, NodeId, SideTable};
 
@@ -43,8 +42,8 @@ pub(super) fn unchanged(g: &Graph, scope: &Scope, opts: &RewriteOptions) -> bool
     if opts.iter_limit == 0 || egraph_size > opts.node_limit {
         return false;
     }
-    let users = |id| g.dag().neighbors_directed(id, Direction::Outgoing);
-    let returned = |id| scope.output.is_some_and(|o| g.dag().contains_edge(id, o));
+    let users = |id| g.consumers(id);
+    let returned = |id| scope.output.is_some_and(|o| g.feeds(id, o));
     let makes_term = |u: NodeId| {
         !in_scope[u] && !returned(u) && parse(g.node(u)).is_some_and(|(x, _)| in_scope[x])
     };
@@ -83,10 +82,7 @@ fn release_as_written(
 pub(super) fn is_topological(g: &Graph, order: &[NodeId]) -> bool {
     let mut placed = SideTable::new(g, false);
     order.iter().all(|&id| {
-        let ready = g
-            .dag()
-            .neighbors_directed(id, Direction::Incoming)
-            .all(|p| placed[p]);
+        let ready = g.producers(id).all(|p| placed[p]);
         placed[id] = true;
         ready
     })

@@ -215,7 +215,7 @@ fn ordered(
     // The nodes sorted by key is what Kahn's algorithm yields whenever that sequence is
     // itself topological (each next node is then ready and the smallest of all that remain),
     // which is the common case: check it in one pass before falling back to the heap.
-    let mut by_key: Vec<(Key, NodeId)> = g.dag().node_indices().map(|id| (key(id), id)).collect();
+    let mut by_key: Vec<(Key, NodeId)> = g.node_ids().map(|id| (key(id), id)).collect();
     by_key.sort_unstable();
     let sorted: Vec<NodeId> = by_key.into_iter().map(|(_, id)| id).collect();
     if super::inert::is_topological(g, &sorted) {
@@ -223,7 +223,7 @@ fn ordered(
     }
     let mut pending = zerosched_ir::SideTable::new(g, 0usize);
     let mut heap = BinaryHeap::new();
-    let mut ids: Vec<NodeId> = g.dag().node_indices().collect();
+    let mut ids: Vec<NodeId> = g.node_ids().collect();
     ids.sort_unstable();
     for &id in &ids {
         pending[id] = g.inputs(id).len();
