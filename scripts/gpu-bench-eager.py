@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch eager on the same exported program and inputs as `zerosched run --executor cuda`.
 
-    gpu-bench-eager.py PROGRAM --inputs OUT.safetensors --report OUT.json [--steps 3] [--seed 0]
+    gpu-bench-eager.py PROGRAM [--inputs OUT.safetensors] --report OUT.json [--steps 3] [--seed 0]
+                       [--device cuda]
 
 Executes the fx-graph v1 document (docs/format.md) op by op on the GPU, graph after graph as
 zerosched's executor does: each aten target is called with its decoded arguments (devices
@@ -114,19 +115,21 @@ def draw(graph: dict, name: str, val: dict, param: bool, gen: torch.Generator) -
 
 
 def write_safetensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
-    header, blobs, at = {}, [], 0
+    """The safetensors file of `tensors`, one tensor's bytes in host memory at a time, written
+    whole or not at all."""
+    header, at = {}, 0
     for name, t in tensors.items():
-        b = t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        header[name] = {"dtype": SAFETENSORS_DTYPE[t.dtype], "shape": list(t.shape), "data_offsets": [at, at + len(b)]}
-        blobs.append(b)
-        at += len(b)
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": SAFETENSORS_DTYPE[t.dtype], "shape": list(t.shape), "data_offsets": [at, at + n]}
+        at += n
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
     with open(path + ".tmp", "wb") as f:
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
-        for b in blobs:
-            f.write(b)
+        for t in tensors.values():
+            if t.numel():
+                f.write(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     os.replace(path + ".tmp", path)
 
 
@@ -200,7 +203,7 @@ def decode_kwargs(n: dict, env: dict) -> dict:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("program")
-    ap.add_argument("--inputs", required=True)
+    ap.add_argument("--inputs", help="write the inputs drawn here to this safetensors file")
     ap.add_argument("--report", required=True)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
@@ -218,7 +221,8 @@ def main(argv: list[str]) -> int:
         sums = [[[float(t.double().sum()), float(t.double().abs().sum())] if isinstance(t, torch.Tensor) else None
                  for t in graph] for graph in outs]
         del outs
-        write_safetensors(a.inputs, inputs)
+        if a.inputs:
+            write_safetensors(a.inputs, inputs)
     steps = sorted(times[1:])
     device = torch.cuda.get_device_name() if GPU.type == "cuda" else "cpu"
     report = {"device": device, "torch": torch.__version__, "step_ms": times,

@@ -62,6 +62,14 @@ fn calibrate_names_the_missing_driver() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("table.json");
     expect_missing(&["calibrate", "-o", out.to_str().expect("utf-8")]);
+    // Checked before any rank is spawned.
+    expect_missing(&[
+        "calibrate",
+        "-o",
+        out.to_str().expect("utf-8"),
+        "--world-size",
+        "2",
+    ]);
     assert!(!out.exists(), "nothing written");
 }
 

@@ -102,6 +102,19 @@ pub fn launched() -> bool {
     std::env::var_os("RANK").is_some() || std::env::var_os("WORLD_SIZE").is_some()
 }
 
+/// Refuses a program with ops the numeric CUDA backend lacks, naming every such node (before
+/// anything is read or the device touched; replay runs every op).
+#[cfg(feature = "cuda")]
+pub fn check_ops(program: &zerosched_ir::Program) -> Result<(), Failure> {
+    zerosched_exec::plans::<zerosched_exec_cuda::profile::Numeric>(program)?;
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn check_ops(_program: &zerosched_ir::Program) -> Result<(), Failure> {
+    Err(unavailable().unwrap_or_else(|| "no CUDA backend".into()))
+}
+
 /// Runs the program on this process's GPU, one rank of the world, after checking that the
 /// rank's dry-run peak fits the GPU's free memory.
 #[cfg(feature = "cuda")]
@@ -263,11 +276,12 @@ pub fn profile(
     Err(unavailable().unwrap_or_else(|| "no CUDA backend".into()))
 }
 
-/// `zerosched calibrate`: one process per GPU as `torchrun` launches it (`RANK`,
-/// `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), or world size 1 without them;
-/// rank 0 writes the table.
+/// `zerosched calibrate`: one process per GPU as `torchrun` (or `--world-size`'s spawning)
+/// launches it (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), or world
+/// size 1 without them; a given `--world-size` must match the launch's; rank 0 writes the
+/// table.
 #[cfg(feature = "cuda")]
-pub fn calibrate(out: &std::path::Path, max_bytes: u64) -> Result<(), Failure> {
+pub fn calibrate(out: &std::path::Path, max_bytes: u64, world: Option<u32>) -> Result<(), Failure> {
     use zerosched_exec_cuda::calibrate;
     use zerosched_exec_cuda::device::Device;
     use zerosched_exec_cuda::nccl::Comm;
@@ -276,9 +290,9 @@ pub fn calibrate(out: &std::path::Path, max_bytes: u64) -> Result<(), Failure> {
     if let Some(e) = unavailable() {
         return Err(e);
     }
-    let launch = match Launch::from_env()? {
-        Some(l) => l,
-        None => launch(1)?,
+    let launch = match (Launch::from_env()?, world) {
+        (Some(l), None) => l,
+        (_, w) => launch(w.unwrap_or(1))?,
     };
     let dev = Device::open(launch.local_rank as usize)?;
     let mut pool = Pool::new(&dev);
@@ -303,6 +317,10 @@ pub fn calibrate(out: &std::path::Path, max_bytes: u64) -> Result<(), Failure> {
 }
 
 #[cfg(not(feature = "cuda"))]
-pub fn calibrate(_out: &std::path::Path, _max_bytes: u64) -> Result<(), Failure> {
+pub fn calibrate(
+    _out: &std::path::Path,
+    _max_bytes: u64,
+    _world: Option<u32>,
+) -> Result<(), Failure> {
     Err(unavailable().unwrap_or_else(|| "no CUDA backend".into()))
 }

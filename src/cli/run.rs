@@ -87,7 +87,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     }
     let cost = super::schedule::cost_model(args.cost.as_deref())?;
     // Without a launcher, the CUDA executor starts one process per local GPU itself.
-    if args.executor == "cuda" && args.world_size > 1 && !super::cuda::launched() {
+    if args.executor == "cuda" && !args.dry_run && args.world_size > 1 && !super::cuda::launched() {
         return super::spawn::local_ranks(args.world_size);
     }
     let (label, mut program) = super::check::input(args.input.as_deref())?;
@@ -105,6 +105,11 @@ pub fn run(args: Args) -> Result<(), Failure> {
             &mut program,
             &opts,
         )?;
+    }
+    // Ops the numeric CUDA backend lacks are refused before an inputs file (perhaps large)
+    // is read.
+    if args.executor == "cuda" && !args.replay && !args.dry_run {
+        super::cuda::check_ops(&program)?;
     }
     let mut inputs = Inputs::new(args.seed);
     if let Some(p) = &args.inputs {

@@ -142,11 +142,18 @@ impl Spans {
         Ok(())
     }
 
+    /// After each kernel: one event per span, recorded again (cheaper than a new one).
     fn after(&mut self, dev: &Device) -> crate::Result<()> {
-        if let Some((_, _, last)) = &mut self.open {
-            *last = Some(dev.timing_event(StreamKind::Compute)?);
+        match &mut self.open {
+            Some((_, _, Some(last))) => last
+                .record(dev.stream(StreamKind::Compute))
+                .map_err(crate::CudaError::driver("cuEventRecord")),
+            Some((_, _, last)) => {
+                *last = Some(dev.timing_event(StreamKind::Compute)?);
+                Ok(())
+            }
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Ends the open span (waiting for its last kernel).

@@ -382,6 +382,41 @@ mod tests {
     use zerosched_ir::{Arg, GraphKind};
 
     #[test]
+    fn replay_spins_what_the_simulator_counts_as_compute() {
+        use zerosched_passes::pipeline::{self, PipelineOptions};
+        use zerosched_passes::schedule::ScheduleOptions;
+        use zerosched_passes::simulate::{SimOptions, simulate_program};
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/llama.program.json"
+        );
+        let mut p = zerosched_ir::import(&std::fs::read(path).unwrap()).unwrap();
+        let opts = PipelineOptions {
+            schedule: ScheduleOptions {
+                world_size: 2,
+                ..ScheduleOptions::default()
+            },
+            ..PipelineOptions::default()
+        };
+        pipeline::run(&pipeline::standard(), &mut p, &opts).unwrap();
+        let cost = CostModel::default();
+        let table = Table::new(&p, &cost);
+        let sim = simulate_program(
+            &p,
+            &SimOptions {
+                world_size: 2,
+                cost,
+            },
+        );
+        let (replayed, simulated) = (table.compute_us() / 1e3, sim.total.compute_ms);
+        assert!(simulated > 0.0);
+        assert!(
+            (replayed - simulated).abs() <= 1e-9 * simulated,
+            "replay spins {replayed} ms, the simulator counts {simulated} ms"
+        );
+    }
+
+    #[test]
     fn the_table_takes_measured_times_and_finds_view_sources() {
         let mut b = GraphBuilder::new("replayed", GraphKind::Forward);
         let x = b.input("x", &[64, 128]);
