@@ -174,18 +174,19 @@ def test_random_ops_follow_the_rule_on_every_rank_and_schedule():
 def test_random_op_values_are_in_range_and_keyed_by_node_name():
     def f(x):
         return (aten.rand_like(x), aten.randn_like(x), aten.bernoulli.p(x, 0.3),
-                aten.randint_like(x, 3, 7), aten.native_dropout(x, 0.25, True)[1])
+                aten.randint_like(x, 3, 7), aten.native_dropout(x, 0.25, True)[1], aten.randperm(50))
 
     x = torch.zeros(64, 64)
     gm = make_fx(f)(x)
-    rand, randn, bern, randint, mask = _run(gm, [x])[0][0]
+    rand, randn, bern, randint, mask, perm = _run(gm, [x])[0][0]
+    assert sorted(perm.tolist()) == list(range(50)) and perm.tolist() != list(range(50))
     assert 0 <= rand.min() and rand.max() < 1 and abs(rand.mean() - 0.5) < 0.02
     assert abs(randn.mean()) < 0.05 and abs(randn.std() - 1) < 0.05
     assert set(bern.unique().tolist()) <= {0.0, 1.0} and abs(bern.mean() - 0.3) < 0.03
     assert randint.min() >= 3 and randint.max() <= 6
     assert abs(mask.float().mean() - 0.75) < 0.03
     again = _run(gm, [x])[0][0]
-    assert all(torch.equal(a, b) for a, b in zip((rand, randn, bern, randint, mask), again))
+    assert all(torch.equal(a, b) for a, b in zip((rand, randn, bern, randint, mask, perm), again))
     assert not torch.equal(rand, randn)  # each node its own stream
 
 

@@ -337,3 +337,79 @@ pub fn index_select(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     };
     one(out.reshape(&shape)?)
 }
+
+/// `scatter_reduce.two(self, dim, index, src, reduce, include_self=True)` with `reduce` one
+/// of sum, prod, mean, amax, amin: each element of `self` that an index names combined with
+/// every source value scattered to it (and with itself when `include_self`), in f64 (i64 for
+/// integers, whose mean rounds down as torch's); a NaN wins amax / amin.
+pub fn scatter_reduce(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let x = env.tensor(env.arg(0)?)?;
+    let rank = x.shape().len();
+    let d = norm_dim(int(env.arg(1)?)?, rank)?;
+    let idx = i64::get(env.tensor(env.arg(2)?)?);
+    let src = env.tensor(env.arg(3)?)?;
+    let how = match env.arg(4)? {
+        Arg::Str(s) if ["sum", "prod", "mean", "amax", "amin"].contains(&s.as_str()) => s.clone(),
+        a => return Err(format!("scatter_reduce: reduce={a:?}")),
+    };
+    let include = flag(env.arg_or_kw(5, "include_self"), true);
+    let shape = x.shape().to_vec();
+    let n = shape.get(d).copied().unwrap_or(1);
+    let integer = !x.dtype.is_floating();
+    let base: Vec<f64> = x.to_f64_vec();
+    let sv = f64::get(src);
+    // Values landing on each element of `self`, in index order.
+    let mut landed: Vec<Vec<f64>> = vec![Vec::new(); base.len()];
+    let strides: Vec<usize> = (0..rank).map(|k| shape[k + 1..].iter().product()).collect();
+    for (p, &i) in idx.indexed_iter() {
+        let v = *sv
+            .get(p.slice())
+            .ok_or("scatter_reduce: index outside src")?;
+        let mut off = 0;
+        for (k, &c) in p.slice().iter().enumerate() {
+            let c = if k == d { fix(i, n)? } else { c };
+            if c >= *shape.get(k).unwrap_or(&1) {
+                return Err("scatter_reduce: index outside the input".into());
+            }
+            off += c * strides.get(k).copied().unwrap_or(1);
+        }
+        landed[off].push(v);
+    }
+    let out: Vec<f64> = base
+        .iter()
+        .zip(&landed)
+        .map(|(&s, vs)| {
+            if vs.is_empty() {
+                return s;
+            }
+            let all: Vec<f64> = if include {
+                std::iter::once(s).chain(vs.iter().copied()).collect()
+            } else {
+                vs.clone()
+            };
+            let pick = |max: bool| {
+                all.iter().copied().fold(all[0], |b, v| {
+                    if b.is_nan() || v.is_nan() {
+                        f64::NAN
+                    } else if (v > b) == max && v != b {
+                        v
+                    } else {
+                        b
+                    }
+                })
+            };
+            match how.as_str() {
+                "sum" => all.iter().sum(),
+                "prod" => all.iter().product(),
+                "mean" => {
+                    let m = all.iter().sum::<f64>() / all.len() as f64;
+                    if integer { m.floor() } else { m }
+                }
+                "amax" => pick(true),
+                _ => pick(false),
+            }
+        })
+        .collect();
+    let a = ArrayD::from_shape_vec(IxDyn(&shape), out).map_err(|e| e.to_string())?;
+    one(f64::wrap(a, out_dtype(env, x.dtype))?)
+}

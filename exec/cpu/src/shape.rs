@@ -3,7 +3,7 @@
 //! input's storage or copy it: the graph is functional).
 
 use super::{Env, Value, int, ints, norm_dim, number, one, out_dtype};
-use ndarray::{Axis, IxDyn, Slice};
+use ndarray::{Axis, Dimension, IxDyn, Slice};
 use zerosched_exec::host::{Tensor, map_data};
 
 fn x<'a>(env: &Env<'a, Tensor>) -> Result<&'a Tensor, String> {
@@ -261,4 +261,99 @@ pub fn constant_pad_nd(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         dtype: t.dtype,
         data,
     })
+}
+
+/// `flip(x, dims)`: the order along each listed dimension reversed.
+pub fn flip(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let rank = t.shape().len();
+    let dims: Vec<usize> = ints(env.arg(1)?)?
+        .into_iter()
+        .map(|d| norm_dim(d, rank))
+        .collect::<Result<_, _>>()?;
+    if rank == 0 {
+        return one(t.clone());
+    }
+    one(map_data!(t, a => {
+        let mut v = a.view();
+        for &d in &dims {
+            v.invert_axis(Axis(d));
+        }
+        v.to_owned().into_shared()
+    }))
+}
+
+/// `repeat(x, repeats)`: the tensor tiled `repeats[i]` times along dimension i (leading
+/// repeats add dimensions).
+pub fn repeat(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let reps: Vec<usize> = ints(env.arg(1)?)?
+        .into_iter()
+        .map(|r| usize::try_from(r).map_err(|_| format!("repeat: negative count {r}")))
+        .collect::<Result<_, _>>()?;
+    let rank = t.shape().len();
+    if reps.len() < rank {
+        return Err(format!(
+            "repeat: {} counts for a tensor of rank {rank}",
+            reps.len()
+        ));
+    }
+    let mut shape = vec![1; reps.len() - rank];
+    shape.extend_from_slice(t.shape());
+    let out_shape: Vec<usize> = shape.iter().zip(&reps).map(|(s, r)| s * r).collect();
+    let base = t.reshape(&shape)?;
+    one(map_data!(&base, a => {
+        let n: usize = out_shape.iter().product();
+        let mut v = Vec::with_capacity(n);
+        for idx in ndarray::indices(IxDyn(&out_shape)) {
+            let src: Vec<usize> = idx.slice().iter().zip(&shape).map(|(i, s)| i % s).collect();
+            v.push(a[IxDyn(&src)]);
+        }
+        ndarray::ArrayD::from_shape_vec(IxDyn(&out_shape), v)
+            .map_err(|e| e.to_string())?
+            .into_shared()
+    }))
+}
+
+/// `diagonal(x, offset=0, dim1=0, dim2=1)`: the diagonal of the (dim1, dim2) planes as the
+/// last dimension, the other dimensions in order.
+pub fn diagonal(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let rank = t.shape().len();
+    let get = |i: usize, name: &str, d: i64| env.arg_or_kw(i, name).map_or(Ok(d), int);
+    let offset = get(1, "offset", 0)?;
+    let d1 = norm_dim(get(2, "dim1", 0)?, rank)?;
+    let d2 = norm_dim(get(3, "dim2", 1)?, rank)?;
+    if d1 == d2 || rank < 2 {
+        return Err(format!(
+            "diagonal: dimensions {d1} and {d2} of a rank-{rank} tensor"
+        ));
+    }
+    let (r, c) = (t.shape()[d1] as i64, t.shape()[d2] as i64);
+    let len = if offset >= 0 {
+        (c - offset).min(r)
+    } else {
+        (r + offset).min(c)
+    }
+    .max(0) as usize;
+    let rest: Vec<usize> = (0..rank).filter(|&k| k != d1 && k != d2).collect();
+    let mut out_shape: Vec<usize> = rest.iter().map(|&k| t.shape()[k]).collect();
+    out_shape.push(len);
+    one(map_data!(t, a => {
+        let mut v = Vec::with_capacity(out_shape.iter().product());
+        for idx in ndarray::indices(IxDyn(&out_shape)) {
+            let s = idx.slice();
+            let k = s[s.len() - 1] as i64;
+            let mut src = vec![0usize; rank];
+            for (j, &dim) in rest.iter().enumerate() {
+                src[dim] = s[j];
+            }
+            src[d1] = (k + (-offset).max(0)) as usize;
+            src[d2] = (k + offset.max(0)) as usize;
+            v.push(a[IxDyn(&src)]);
+        }
+        ndarray::ArrayD::from_shape_vec(IxDyn(&out_shape), v)
+            .map_err(|e| e.to_string())?
+            .into_shared()
+    }))
 }
