@@ -68,16 +68,16 @@ OPS = [
     "nn.functional.hardtanh",
     # views and shapes
     "view", "reshape", "unsqueeze", "squeeze", "squeeze.multiple", "permute", "t", "transpose",
-    "expand", "narrow", "flip", "repeat", "diagonal", "cat", "split", "split_with_sizes", "nn.functional.pad.constant",
+    "expand", "narrow", "flip", "repeat", "diagonal", "roll", "cat", "stack", "unbind", "split", "split_with_sizes", "nn.functional.pad.constant",
     "select", "select_scatter", "slice_scatter", "tril", "triu",
     # reductions and sorting
     "sum", "mean", "any", "cumsum", "cumprod", "argmax", "argmin", "softmax", "log_softmax",
     "topk", "sort", "histc", "amax", "amin", "max.binary", "max.reduction_no_dim",
     "max.reduction_with_dim", "min.binary", "min.reduction_no_dim", "min.reduction_with_dim",
-    "prod", "var", "var.unbiased",
+    "prod", "var", "var.unbiased", "std", "std.unbiased", "linalg.vector_norm",
     # linear algebra, indexing, scatter
-    "mm", "bmm", "addmm", "nn.functional.embedding", "__getitem__", "index_put", "index_select",
-    "gather", "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod",
+    "mm", "bmm", "addmm", "baddbmm", "nn.functional.embedding", "__getitem__", "index_put", "index_select",
+    "gather", "index_add", "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod",
     "scatter_reduce.mean", "scatter_reduce.amax", "scatter_reduce.amin", "masked_fill",
     # factories
     "zeros_like", "ones_like", "new_zeros", "new_ones", "new_full", "full_like", "fill",

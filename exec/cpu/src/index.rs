@@ -413,3 +413,74 @@ pub fn scatter_reduce(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let a = ArrayD::from_shape_vec(IxDyn(&shape), out).map_err(|e| e.to_string())?;
     one(f64::wrap(a, out_dtype(env, x.dtype))?)
 }
+
+/// `index_add(self, dim, index, source, alpha=1)`: `alpha * source`'s slices along `dim`
+/// added to `self`'s slices that `index` names, in index order.
+pub fn index_add(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let x = env.tensor(env.arg(0)?)?;
+    let rank = x.shape().len();
+    let d = norm_dim(int(env.arg(1)?)?, rank)?;
+    let idx = i64::get(env.tensor(env.arg(2)?)?);
+    let src = env.tensor(env.arg(3)?)?;
+    let alpha = env
+        .node()
+        .kwargs
+        .get("alpha")
+        .and_then(number)
+        .unwrap_or(1.0);
+    let dt = out_dtype(env, x.dtype);
+    let base = if rank == 0 {
+        x.reshape(&[1])?
+    } else {
+        x.clone()
+    };
+    let srcb = if src.shape().is_empty() {
+        src.reshape(&[1])?
+    } else {
+        src.clone()
+    };
+    let n = base.shape()[d];
+    if idx.len() != srcb.shape().get(d).copied().unwrap_or(0) {
+        return Err(format!(
+            "index_add: {} indices for a source of {:?} along {d}",
+            idx.len(),
+            src.shape()
+        ));
+    }
+    fn go<T: Acc>(
+        a: &Arr<T>,
+        s: &Arr<T>,
+        d: usize,
+        idx: &[usize],
+        alpha: T,
+        scale: bool,
+    ) -> Result<ArrayD<T>, String> {
+        let mut out = a.to_owned();
+        for (k, &i) in idx.iter().enumerate() {
+            let from = s.index_axis(ndarray::Axis(d), k);
+            let mut to = out.index_axis_mut(ndarray::Axis(d), i);
+            if to.shape() != from.shape() {
+                return Err(format!(
+                    "index_add: slices {:?} and {:?}",
+                    to.shape(),
+                    from.shape()
+                ));
+            }
+            ndarray::Zip::from(&mut to).and(&from).for_each(|o, &v| {
+                *o = o.acc(if scale { v.prod(alpha) } else { v });
+            });
+        }
+        Ok(out)
+    }
+    let idx: Vec<usize> = idx.iter().map(|&i| fix(i, n)).collect::<Result<_, _>>()?;
+    let srcc = srcb.cast(base.dtype)?;
+    let scale = alpha != 1.0;
+    let out = match (&base.data, &srcc.data) {
+        (Data::F32(a), Data::F32(s)) => f32::wrap(go(a, s, d, &idx, alpha as f32, scale)?, dt)?,
+        (Data::F64(a), Data::F64(s)) => f64::wrap(go(a, s, d, &idx, alpha, scale)?, dt)?,
+        (Data::I64(a), Data::I64(s)) => i64::wrap(go(a, s, d, &idx, alpha as i64, scale)?, dt)?,
+        (Data::Bool(a), Data::Bool(s)) => bool::wrap(go(a, s, d, &idx, alpha != 0.0, scale)?, dt)?,
+        _ => return Err("index_add of mixed kinds".into()),
+    };
+    one(out.reshape(x.shape())?)
+}

@@ -5,6 +5,7 @@
 use super::{Env, Value, int, ints, norm_dim, number, one, out_dtype};
 use ndarray::{Axis, Dimension, IxDyn, Slice};
 use zerosched_exec::host::{Tensor, map_data};
+use zerosched_ir::Arg;
 
 fn x<'a>(env: &Env<'a, Tensor>) -> Result<&'a Tensor, String> {
     env.tensor(env.arg(0)?)
@@ -150,6 +151,11 @@ pub fn cat(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         env.node().args.get(1).map(int).transpose()?.unwrap_or(0),
         rank,
     )?;
+    one(concat(&ts, d, dt)?)
+}
+
+/// Tensors of one kind joined along `d`.
+fn concat(ts: &[Tensor], d: usize, dt: zerosched_ir::Dtype) -> Result<Tensor, String> {
     use zerosched_exec::host::Data;
     macro_rules! go {
         ($v:ident) => {{
@@ -174,7 +180,94 @@ pub fn cat(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         Some(Data::Bool(_)) => go!(Bool),
         None => return Err("cat of nothing".into()),
     };
-    one(Tensor { dtype: dt, data })
+    Ok(Tensor { dtype: dt, data })
+}
+
+/// `stack(tensors, dim=0)`: the tensors joined along a new dimension `dim`.
+pub fn stack(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let items = env.arg(0)?.as_list().ok_or("stack of a non-list")?;
+    let ts: Vec<&Tensor> = items
+        .iter()
+        .map(|a| env.tensor(a))
+        .collect::<Result<_, _>>()?;
+    let first = ts.first().ok_or("stack of nothing")?;
+    let shape = first.shape().to_vec();
+    let d = norm_dim(
+        env.arg_or_kw(1, "dim").map(int).transpose()?.unwrap_or(0),
+        shape.len() + 1,
+    )?;
+    let dt = out_dtype(env, first.dtype);
+    let mut up = shape.clone();
+    up.insert(d, 1);
+    let ts: Vec<Tensor> = ts
+        .iter()
+        .map(|t| {
+            if t.shape() != shape.as_slice() {
+                return Err(format!("stack of shapes {shape:?} and {:?}", t.shape()));
+            }
+            t.cast(dt)?.reshape(&up)
+        })
+        .collect::<Result<_, _>>()?;
+    one(concat(&ts, d, dt)?)
+}
+
+/// `unbind(x, dim=0)`: the slices along `dim`, that dimension removed.
+pub fn unbind(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let rank = t.shape().len();
+    let d = norm_dim(
+        env.arg_or_kw(1, "dim").map(int).transpose()?.unwrap_or(0),
+        rank,
+    )?;
+    let mut rest = t.shape().to_vec();
+    let n = rest.remove(d);
+    let parts = (0..n)
+        .map(|i| {
+            Ok(Some(
+                map_data!(t, a => a.index_axis(Axis(d), i).to_owned().into_shared())
+                    .reshape(&rest)?,
+            ))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(Value::List(parts))
+}
+
+/// `roll(x, shifts, dims=[])`: elements moved `shifts[i]` places along `dims[i]`, wrapping
+/// (the flattened tensor when no dimension is given).
+pub fn roll(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let shifts = ints(env.arg(1)?)?;
+    let dims = match env.arg_or_kw(2, "dims") {
+        None | Some(Arg::None) => Vec::new(),
+        Some(a) => ints(a)?,
+    };
+    let shape = t.shape().to_vec();
+    let (base, dims) = if dims.is_empty() {
+        (t.reshape(&[t.numel()])?, vec![0])
+    } else {
+        (t.clone(), dims)
+    };
+    if shifts.len() != dims.len() {
+        return Err(format!(
+            "roll: {} shifts for {} dimensions",
+            shifts.len(),
+            dims.len()
+        ));
+    }
+    let rank = base.shape().len();
+    let mut out = base;
+    for (&s, &d) in shifts.iter().zip(&dims) {
+        let d = norm_dim(d, rank)?;
+        let n = out.shape().get(d).copied().unwrap_or(1);
+        if n == 0 {
+            continue;
+        }
+        let idx: Vec<usize> = (0..n as i64)
+            .map(|i| (i - s).rem_euclid(n as i64) as usize)
+            .collect();
+        out = map_data!(&out, a => a.select(Axis(d), &idx).into_shared());
+    }
+    one(out.reshape(&shape)?)
 }
 
 fn split_at(t: &Tensor, sizes: &[usize], d: usize) -> Result<Value<Tensor>, String> {

@@ -1,6 +1,7 @@
 //! Reductions other than sums, over a list of dimensions (all when empty or absent): `amax`,
 //! `amin` (a NaN in a lane gives NaN), `max.dim` / `min.dim` (values and the first index of the
-//! extreme, a NaN counting as one), `prod`, `var` (with a correction or `unbiased`). Each lane
+//! extreme, a NaN counting as one), `prod`, `var` (with a correction or `unbiased`) and `std`,
+//! `linalg_vector_norm`. Each lane
 //! is the reduced dimensions' elements in row-major order, reduced in the output dtype's
 //! compute type.
 
@@ -161,8 +162,9 @@ pub fn prod(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
 
 /// `var.correction(x, dim=None, *, correction=1, keepdim=False)` and
 /// `var.dim(x, dim, unbiased=True, keepdim=False)`: sum of squared deviations from the mean
-/// over N - correction.
+/// over N - correction; `std.correction` its square root.
 pub fn var(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let root = env.node().target.starts_with("aten.std");
     let t = env.tensor(env.arg(0)?)?;
     let rank = t.shape().len();
     let dims = dims_of(env.node().args.get(1), rank)?;
@@ -186,7 +188,8 @@ pub fn var(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
                     let n = l.len() as $T;
                     let mean = l.iter().copied().sum::<$T>() / n;
                     let ss: $T = l.iter().map(|&x| (x - mean) * (x - mean)).sum();
-                    ss / (n - correction as $T).max(0.0)
+                    let v = ss / (n - correction as $T).max(0.0);
+                    if root { v.sqrt() } else { v }
                 })
                 .collect();
             <$T>::wrap(arr(v, &shape)?, dt)?
@@ -196,5 +199,47 @@ pub fn var(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         Kind::F64 => go!(f64),
         Kind::F32 => go!(f32),
         k => return Err(format!("`var` of a {k:?} tensor")),
+    })
+}
+
+/// `linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None)`: the p-norm of each
+/// lane (inf: the largest magnitude, -inf: the smallest, 0: the count of nonzeros).
+pub fn vector_norm(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = env.tensor(env.arg(0)?)?;
+    let ord = match env.arg_or_kw(1, "ord") {
+        None | Some(Arg::None) => 2.0,
+        Some(a) => number(a).ok_or("linalg_vector_norm: ord is not a number")?,
+    };
+    let dims = dims_of(env.arg_or_kw(2, "dim"), t.shape().len())?;
+    let keep = keepdim(env, 3);
+    let dt = out_dtype(env, t.dtype);
+    macro_rules! go {
+        ($T:ty) => {{
+            let (ls, shape) = lanes(&<$T>::get(t), &dims, keep);
+            let p = ord as $T;
+            let v: Vec<$T> = ls
+                .iter()
+                .map(|l| {
+                    let abs = l.iter().map(|x| x.abs());
+                    if ord == f64::INFINITY {
+                        abs.fold(0.0, <$T>::max)
+                    } else if ord == f64::NEG_INFINITY {
+                        abs.fold(<$T>::INFINITY, <$T>::min)
+                    } else if ord == 0.0 {
+                        abs.filter(|&x| x != 0.0).count() as $T
+                    } else if ord == 2.0 {
+                        abs.map(|x| x * x).sum::<$T>().sqrt()
+                    } else {
+                        abs.map(|x| x.powf(p)).sum::<$T>().powf(1.0 / p)
+                    }
+                })
+                .collect();
+            <$T>::wrap(arr(v, &shape)?, dt)?
+        }};
+    }
+    one(match kind(dt)? {
+        Kind::F64 => go!(f64),
+        Kind::F32 => go!(f32),
+        k => return Err(format!("`linalg_vector_norm` of a {k:?} tensor")),
     })
 }
