@@ -15,11 +15,12 @@ use ndarray::{ArrayD, IxDyn};
 use zerosched_exec::host::{Elem, Tensor};
 use zerosched_ir::{Arg, Dtype};
 
-/// The stream of a node: uniform draws in [0, 1) by element index.
-struct Stream(u64);
+/// The stream of a node: uniform draws in [0, 1) by element index. Its key travels in the RNG
+/// state a fused attention forward returns, so that its backward draws the same dropout mask.
+pub(crate) struct Stream(pub(crate) u64);
 
 impl Stream {
-    fn of(env: &Env<'_, Tensor>) -> Stream {
+    pub(crate) fn of(env: &Env<'_, Tensor>) -> Stream {
         // FNV-1a 64 of the node's name.
         let h = env
             .node()
@@ -42,7 +43,7 @@ impl Stream {
     }
 
     /// Uniform in [0, 1) with 53 random bits.
-    fn uniform(&self, i: u64) -> f64 {
+    pub(crate) fn uniform(&self, i: u64) -> f64 {
         (self.bits(i) >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
