@@ -230,6 +230,11 @@ DIRECT = {
     "pow.Scalar": lambda g, x: aten.pow.Scalar(2.5, x),
     "argmax flat keepdim": lambda g, x: aten.argmax(x, None, True),
     "index_put accumulate": lambda g, x: aten.index_put(x, [torch.tensor([0, 2, 0])], g[:3], True),
+    # full slices before the index tensors: x[:, i] and its accumulating put
+    "index after a full slice": lambda g, x: aten.index.Tensor(x, [None, torch.tensor([[4, 0], [1, 1]])]),
+    "index_put after a full slice": lambda g, x: aten.index_put(x, [None, torch.tensor([3, 0, 3])], g[:, :3], True),
+    "_unsafe_index of nearest upsampling": lambda g, x: aten._unsafe_index.Tensor(
+        x[None], [None, torch.tensor([[0], [0], [2], [3]]), torch.tensor([0, 1, 1, 4])]),
 }
 
 

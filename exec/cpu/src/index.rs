@@ -1,4 +1,5 @@
-//! Indexing: embedding, advanced indexing with leading index tensors (`index`, `index_put`),
+//! Indexing: embedding, advanced indexing with index tensors after leading full slices (`index`,
+//! `index_put`),
 //! `gather`, `scatter`, `scatter_add` and `index_select`. Indices are checked (an index out of range is an error naming it,
 //! never a panic); negative indices count from the end as in torch.
 
@@ -139,14 +140,27 @@ fn put_t<T: Acc>(a: &Arr<T>, idx: &[Arr<i64>], v: &Arr<T>, acc: bool) -> Result<
     ArrayD::from_shape_vec(IxDyn(&shape), flat).map_err(|e| e.to_string())
 }
 
-fn index_list(env: &Env<'_, Tensor>, a: &Arg<NodeId>) -> Result<Vec<Arr<i64>>, String> {
+/// Index tensors after `lead` leading `None`s (full slices, as `x[:, :, i, j]` writes;
+/// `None`s after the last tensor are full slices too).
+struct Indices {
+    lead: usize,
+    idx: Vec<Arr<i64>>,
+}
+
+fn index_list(env: &Env<'_, Tensor>, a: &Arg<NodeId>) -> Result<Indices, String> {
     let items = a.as_list().ok_or("indices are not a list")?;
-    items
+    let lead = items.iter().take_while(|i| matches!(i, Arg::None)).count();
+    let last = items
+        .iter()
+        .rposition(|i| !matches!(i, Arg::None))
+        .map_or(lead, |p| p + 1);
+    let idx = items[lead..last]
         .iter()
         .map(|i| match i {
-            Arg::None => {
-                Err("a `None` index (only leading index tensors are supported)".to_owned())
-            }
+            Arg::None => Err(
+                "a `None` index between index tensors (only leading and trailing ones are supported)"
+                    .to_owned(),
+            ),
             _ => {
                 let t = env.tensor(i)?;
                 if t.dtype == zerosched_ir::Dtype::Bool {
@@ -155,7 +169,90 @@ fn index_list(env: &Env<'_, Tensor>, a: &Arg<NodeId>) -> Result<Vec<Arr<i64>>, S
                 Ok(i64::get(t))
             }
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok(Indices { lead, idx })
+}
+
+/// `a` as `[L, rest...]`, `L` the product of its first `lead` dimensions, and those dimensions.
+fn split_lead<T: Clone>(a: &Arr<T>, lead: usize) -> Result<(ArrayD<T>, Vec<usize>), String> {
+    let shape = a.shape();
+    if lead > shape.len() {
+        return Err("too many indices".into());
+    }
+    let mut flat = vec![shape[..lead].iter().product::<usize>()];
+    flat.extend_from_slice(&shape[lead..]);
+    let r = a
+        .to_owned()
+        .into_shape_with_order(IxDyn(&flat))
+        .map_err(|e| e.to_string())?;
+    Ok((r, shape[..lead].to_vec()))
+}
+
+/// `x[(:,) * lead, idx...]`: the leading-index gather on each slice of the leading dimensions.
+fn index_lead<T: Elem>(a: &Arr<T>, ix: &Indices) -> Result<ArrayD<T>, String> {
+    if ix.lead == 0 {
+        return index_t(a, &ix.idx);
+    }
+    let (flat, lead_shape) = split_lead(a, ix.lead)?;
+    let parts: Vec<ArrayD<T>> = flat
+        .outer_iter()
+        .map(|sub| index_t(&sub.to_owned().into_shared(), &ix.idx))
+        .collect::<Result<_, _>>()?;
+    let views: Vec<_> = parts.iter().map(|p| p.view()).collect();
+    let stacked = ndarray::stack(ndarray::Axis(0), &views)
+        .map_err(|_| "index over an empty leading dimension".to_owned())?;
+    let mut shape = lead_shape;
+    shape.extend_from_slice(&stacked.shape()[1..]);
+    stacked
+        .into_shape_with_order(IxDyn(&shape))
+        .map_err(|e| e.to_string())
+}
+
+/// `index_put` after `lead` full slices: each leading slice put with its slice of the values.
+fn put_lead<T: Acc>(a: &Arr<T>, ix: &Indices, v: &Arr<T>, acc: bool) -> Result<ArrayD<T>, String> {
+    if ix.lead == 0 {
+        return put_t(a, &ix.idx, v, acc);
+    }
+    let (flat, _) = split_lead(a, ix.lead)?;
+    // The values broadcast to the selection's shape: leading dims, index shape, the rest.
+    let mut b: Vec<usize> = Vec::new();
+    for i in &ix.idx {
+        b = bcast_shape(&b, i.shape())?;
+    }
+    let mut full = a.shape()[..ix.lead].to_vec();
+    full.extend_from_slice(&b);
+    full.extend_from_slice(a.shape().get(ix.lead + ix.idx.len()..).unwrap_or(&[]));
+    let vb = v
+        .broadcast(IxDyn(&full))
+        .ok_or_else(|| {
+            format!(
+                "index_put: values {:?} do not broadcast to {full:?}",
+                v.shape()
+            )
+        })?
+        .to_owned()
+        .into_shared();
+    let (vflat, _) = split_lead(&vb, ix.lead)?;
+    let parts: Vec<ArrayD<T>> = flat
+        .outer_iter()
+        .zip(vflat.outer_iter())
+        .map(|(sub, vs)| {
+            put_t(
+                &sub.to_owned().into_shared(),
+                &ix.idx,
+                &vs.to_owned().into_shared(),
+                acc,
+            )
+        })
+        .collect::<Result<_, _>>()?;
+    let views: Vec<_> = parts.iter().map(|p| p.view()).collect();
+    if views.is_empty() {
+        return Ok(a.to_owned());
+    }
+    ndarray::stack(ndarray::Axis(0), &views)
+        .map_err(|e| e.to_string())?
+        .into_shape_with_order(IxDyn(a.shape()))
+        .map_err(|e| e.to_string())
 }
 
 macro_rules! on_kind {
@@ -202,7 +299,7 @@ pub fn embedding(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
 pub fn index(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let x = env.tensor(env.arg(0)?)?;
     let idx = index_list(env, env.arg(1)?)?;
-    one(on_kind!(x, T, a => index_t::<T>(a, &idx)?))
+    one(on_kind!(x, T, a => index_lead::<T>(a, &idx)?))
 }
 
 pub fn index_put(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
@@ -210,7 +307,7 @@ pub fn index_put(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let idx = index_list(env, env.arg(1)?)?;
     let v = env.tensor(env.arg(2)?)?;
     let acc = flag(env.arg_or_kw(3, "accumulate"), false);
-    let out = on_kind!(x, T, a => put_t::<T>(a, &idx, &T::get(v), acc)?);
+    let out = on_kind!(x, T, a => put_lead::<T>(a, &idx, &T::get(v), acc)?);
     one(out.cast(out_dtype(env, x.dtype))?)
 }
 
