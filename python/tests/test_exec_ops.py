@@ -36,21 +36,21 @@ def _math_attention(q, k, v, causal, bias=None):
 
 
 GPU_FORMS = {
-    # forward(q, k, v, causal) -> outputs; backward(do, q, k, v, fwd outputs, causal) -> grads
+    # forward(q, k, v, causal, p) -> outputs; backward(do, q, k, v, fwd outputs, causal, p) -> grads
     "flash": (
-        lambda q, k, v, c: aten._scaled_dot_product_flash_attention(q, k, v, 0.0, c),
-        lambda do, q, k, v, r, c: aten._scaled_dot_product_flash_attention_backward(
-            do, q, k, v, r[0], r[1], r[2], r[3], r[4], r[5], 0.0, c, r[6], r[7]),
+        lambda q, k, v, c, p: aten._scaled_dot_product_flash_attention(q, k, v, p, c),
+        lambda do, q, k, v, r, c, p: aten._scaled_dot_product_flash_attention_backward(
+            do, q, k, v, r[0], r[1], r[2], r[3], r[4], r[5], p, c, r[6], r[7]),
     ),
     "efficient": (
-        lambda q, k, v, c: aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, c),
-        lambda do, q, k, v, r, c: aten._scaled_dot_product_efficient_attention_backward(
-            do, q, k, v, None, r[0], r[1], r[2], r[3], 0.0, [True, True, True, False], c)[:3],
+        lambda q, k, v, c, p: aten._scaled_dot_product_efficient_attention(q, k, v, None, True, p, c),
+        lambda do, q, k, v, r, c, p: aten._scaled_dot_product_efficient_attention_backward(
+            do, q, k, v, None, r[0], r[1], r[2], r[3], p, [True, True, True, False], c)[:3],
     ),
     "cudnn": (
-        lambda q, k, v, c: aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, c),
-        lambda do, q, k, v, r, c: aten._scaled_dot_product_cudnn_attention_backward(
-            do, q, k, v, r[0], r[1], r[6], r[7], None, r[2], r[3], r[4], r[5], 0.0, c),
+        lambda q, k, v, c, p: aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, p, c),
+        lambda do, q, k, v, r, c, p: aten._scaled_dot_product_cudnn_attention_backward(
+            do, q, k, v, r[0], r[1], r[6], r[7], None, r[2], r[3], r[4], r[5], p, c),
     ),
 }
 
@@ -63,8 +63,8 @@ def test_gpu_attention_forms_match_the_math_definition(form, causal):
     q, k, v, do = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 4), torch.randn(2, 3, 5, 4)
 
     def f(q, k, v, do):
-        r = fwd(q, k, v, causal)
-        return (r[0], *bwd(do, q, k, v, r, causal))
+        r = fwd(q, k, v, causal, 0.0)
+        return (r[0], *bwd(do, q, k, v, r, causal, 0.0))
 
     gm = make_fx(f, tracing_mode="fake")(q, k, v, do)
     targets = {str(n.target) for n in gm.graph.nodes}
@@ -94,10 +94,42 @@ def test_efficient_attention_returns_the_bias_gradient():
         torch.testing.assert_close(g, w.float(), atol=1e-5, rtol=1e-4)
 
 
-def test_attention_dropout_is_refused_naming_the_node():
+@pytest.mark.parametrize("form", sorted(GPU_FORMS))
+def test_gpu_attention_dropout_backward_is_the_gradient_of_its_forward(form):
+    """With dropout the forward's mask follows the random ops' rule and reaches the backward
+    through the RNG state: the backward's gradients are the forward's derivative (central
+    differences along a random direction, float64), and about 1 - p of the weights are kept."""
+    fwd, bwd = GPU_FORMS[form]
+    torch.manual_seed(2)
+    shapes = [(1, 2, 6, 8), (1, 2, 7, 8), (1, 2, 7, 4), (1, 2, 6, 4)]
+    q, k, v, do = (torch.randn(*s, dtype=torch.float64) for s in shapes)
+
+    def f(q, k, v, do):
+        r = fwd(q, k, v, False, 0.4)
+        return (r[0], *bwd(do, q, k, v, r, False, 0.4))
+
+    gm = make_fx(f, tracing_mode="fake")(q, k, v, do)
+    out, gq, gk, gv = _run(gm, [q, k, v, do])[0][0]
+    dirs = [torch.randn_like(t) for t in (q, k, v)]
+    eps = 1e-6
+    plus = _run(gm, [q + eps * dirs[0], k + eps * dirs[1], v + eps * dirs[2], do])[0][0][0]
+    minus = _run(gm, [q - eps * dirs[0], k - eps * dirs[1], v - eps * dirs[2], do])[0][0][0]
+    numeric = ((plus - minus) / (2 * eps) * do).sum()
+    analytic = sum((g * d).sum() for g, d in zip((gq, gk, gv), dirs))
+    torch.testing.assert_close(analytic, numeric, rtol=1e-6, atol=1e-8)
+    plain, *_ = _math_attention(q, k, v, False)
+    assert not torch.allclose(out, plain.detach())  # the mask is applied
+    # v = the identity reads the kept, rescaled weights back: about 60% nonzero.
+    eye, zero = torch.eye(7, dtype=torch.float64).expand(1, 2, 7, 7).contiguous(), torch.zeros(1, 2, 6, 7, dtype=torch.float64)
+    weights = _run(make_fx(f, tracing_mode="fake")(q, k, eye, zero), [q, k, eye, zero])[0][0][0]
+    kept = (weights != 0).double().mean().item()
+    assert 0.4 < kept < 0.8, kept
+
+
+def test_cpu_flash_attention_dropout_is_refused_naming_the_node():
     q = torch.randn(1, 1, 2, 4)
-    gm = make_fx(lambda q: aten._scaled_dot_product_flash_attention(q, q, q, 0.1)[0], tracing_mode="fake")(q)
-    with pytest.raises(zerosched.ZeroschedError, match="_scaled_dot_product_flash_attention.*dropout"):
+    gm = make_fx(lambda q: aten._scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.1)[0], tracing_mode="fake")(q)
+    with pytest.raises(zerosched.ZeroschedError, match="_scaled_dot_product_flash_attention_for_cpu.*dropout"):
         _run(gm, [q])
 
 
@@ -174,18 +206,19 @@ def test_random_ops_follow_the_rule_on_every_rank_and_schedule():
 def test_random_op_values_are_in_range_and_keyed_by_node_name():
     def f(x):
         return (aten.rand_like(x), aten.randn_like(x), aten.bernoulli.p(x, 0.3),
-                aten.randint_like(x, 3, 7), aten.native_dropout(x, 0.25, True)[1])
+                aten.randint_like(x, 3, 7), aten.native_dropout(x, 0.25, True)[1], aten.randperm(50))
 
     x = torch.zeros(64, 64)
     gm = make_fx(f)(x)
-    rand, randn, bern, randint, mask = _run(gm, [x])[0][0]
+    rand, randn, bern, randint, mask, perm = _run(gm, [x])[0][0]
+    assert sorted(perm.tolist()) == list(range(50)) and perm.tolist() != list(range(50))
     assert 0 <= rand.min() and rand.max() < 1 and abs(rand.mean() - 0.5) < 0.02
     assert abs(randn.mean()) < 0.05 and abs(randn.std() - 1) < 0.05
     assert set(bern.unique().tolist()) <= {0.0, 1.0} and abs(bern.mean() - 0.3) < 0.03
     assert randint.min() >= 3 and randint.max() <= 6
     assert abs(mask.float().mean() - 0.75) < 0.03
     again = _run(gm, [x])[0][0]
-    assert all(torch.equal(a, b) for a, b in zip((rand, randn, bern, randint, mask), again))
+    assert all(torch.equal(a, b) for a, b in zip((rand, randn, bern, randint, mask, perm), again))
     assert not torch.equal(rand, randn)  # each node its own stream
 
 
@@ -197,6 +230,11 @@ DIRECT = {
     "pow.Scalar": lambda g, x: aten.pow.Scalar(2.5, x),
     "argmax flat keepdim": lambda g, x: aten.argmax(x, None, True),
     "index_put accumulate": lambda g, x: aten.index_put(x, [torch.tensor([0, 2, 0])], g[:3], True),
+    # full slices before the index tensors: x[:, i] and its accumulating put
+    "index after a full slice": lambda g, x: aten.index.Tensor(x, [None, torch.tensor([[4, 0], [1, 1]])]),
+    "index_put after a full slice": lambda g, x: aten.index_put(x, [None, torch.tensor([3, 0, 3])], g[:, :3], True),
+    "_unsafe_index of nearest upsampling": lambda g, x: aten._unsafe_index.Tensor(
+        x[None], [None, torch.tensor([[0], [0], [2], [3]]), torch.tensor([0, 1, 1, 4])]),
 }
 
 

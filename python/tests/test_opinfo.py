@@ -59,24 +59,29 @@ OPS = [
     "eq", "ne", "le", "lt", "ge", "gt", "bitwise_and", "bitwise_or", "where", "neg", "exp", "cos",
     "sin", "rsqrt", "sqrt", "sigmoid", "tanh", "reciprocal", "log", "pow", "erf", "abs", "minimum",
     "maximum", "clamp", "clamp_min", "clamp_max", "logical_not", "logical_and", "logical_or",
-    "logical_xor", "to", "clone",
+    "logical_xor", "to", "clone", "acos", "acosh", "asin", "asinh", "atan", "atanh", "cosh",
+    "sinh", "tan", "expm1", "log1p", "log10", "log2", "ceil", "floor", "round", "trunc", "sign",
+    "isnan", "isinf", "atan2", "fmod", "remainder", "bitwise_not", "bitwise_xor",
     # activations
     "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu", "nn.functional.hardswish",
     "nn.functional.softplus", "nn.functional.leaky_relu", "nn.functional.elu",
     "nn.functional.hardtanh",
     # views and shapes
     "view", "reshape", "unsqueeze", "squeeze", "squeeze.multiple", "permute", "t", "transpose",
-    "expand", "narrow", "cat", "split", "split_with_sizes", "nn.functional.pad.constant",
+    "expand", "narrow", "flip", "repeat", "diagonal", "roll", "cat", "stack", "unbind", "split", "split_with_sizes", "nn.functional.pad.constant",
     "select", "select_scatter", "slice_scatter", "tril", "triu",
     # reductions and sorting
     "sum", "mean", "any", "cumsum", "cumprod", "argmax", "argmin", "softmax", "log_softmax",
-    "topk", "sort", "histc",
+    "topk", "sort", "histc", "amax", "amin", "max.binary", "max.reduction_no_dim",
+    "max.reduction_with_dim", "min.binary", "min.reduction_no_dim", "min.reduction_with_dim",
+    "prod", "var", "var.unbiased", "std", "std.unbiased", "linalg.vector_norm",
     # linear algebra, indexing, scatter
-    "mm", "bmm", "addmm", "nn.functional.embedding", "__getitem__", "index_put", "index_select",
-    "gather", "scatter", "scatter_add", "masked_fill",
+    "mm", "bmm", "addmm", "baddbmm", "nn.functional.embedding", "__getitem__", "index_put", "index_select",
+    "gather", "index_add", "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod",
+    "scatter_reduce.mean", "scatter_reduce.amax", "scatter_reduce.amin", "masked_fill",
     # factories
     "zeros_like", "ones_like", "new_zeros", "new_ones", "new_full", "full_like", "fill",
-    "arange", "zeros", "ones", "empty", "scalar_tensor",
+    "arange", "zeros", "ones", "empty", "empty_strided", "scalar_tensor",
     # fused nn ops and losses
     "nn.functional.layer_norm", "nn.functional.batch_norm", "nn.functional.group_norm",
     "nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.max_pool2d",
@@ -92,7 +97,7 @@ OPS = [
 # can take, not against eager's draws.
 RANDOM = {"nn.functional.dropout", "bernoulli", "rand_like", "randn_like", "randint_like"}
 # Ops whose result torch leaves uninitialized: checked for shape and dtype only.
-UNINITIALIZED = {"empty"}
+UNINITIALIZED = {"empty", "empty_strided"}
 # A typed refusal of an argument form the kernel does not compute (attention dropout,
 # transposed convolution, boolean-mask indices, ...): counted, not compared.
 REFUSED_ARGUMENT = re.compile(r"not supported|not implemented|only\b|\(only")

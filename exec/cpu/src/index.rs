@@ -1,4 +1,5 @@
-//! Indexing: embedding, advanced indexing with leading index tensors (`index`, `index_put`),
+//! Indexing: embedding, advanced indexing with index tensors after leading full slices (`index`,
+//! `index_put`),
 //! `gather`, `scatter`, `scatter_add` and `index_select`. Indices are checked (an index out of range is an error naming it,
 //! never a panic); negative indices count from the end as in torch.
 
@@ -139,14 +140,27 @@ fn put_t<T: Acc>(a: &Arr<T>, idx: &[Arr<i64>], v: &Arr<T>, acc: bool) -> Result<
     ArrayD::from_shape_vec(IxDyn(&shape), flat).map_err(|e| e.to_string())
 }
 
-fn index_list(env: &Env<'_, Tensor>, a: &Arg<NodeId>) -> Result<Vec<Arr<i64>>, String> {
+/// Index tensors after `lead` leading `None`s (full slices, as `x[:, :, i, j]` writes;
+/// `None`s after the last tensor are full slices too).
+struct Indices {
+    lead: usize,
+    idx: Vec<Arr<i64>>,
+}
+
+fn index_list(env: &Env<'_, Tensor>, a: &Arg<NodeId>) -> Result<Indices, String> {
     let items = a.as_list().ok_or("indices are not a list")?;
-    items
+    let lead = items.iter().take_while(|i| matches!(i, Arg::None)).count();
+    let last = items
+        .iter()
+        .rposition(|i| !matches!(i, Arg::None))
+        .map_or(lead, |p| p + 1);
+    let idx = items[lead..last]
         .iter()
         .map(|i| match i {
-            Arg::None => {
-                Err("a `None` index (only leading index tensors are supported)".to_owned())
-            }
+            Arg::None => Err(
+                "a `None` index between index tensors (only leading and trailing ones are supported)"
+                    .to_owned(),
+            ),
             _ => {
                 let t = env.tensor(i)?;
                 if t.dtype == zerosched_ir::Dtype::Bool {
@@ -155,7 +169,90 @@ fn index_list(env: &Env<'_, Tensor>, a: &Arg<NodeId>) -> Result<Vec<Arr<i64>>, S
                 Ok(i64::get(t))
             }
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok(Indices { lead, idx })
+}
+
+/// `a` as `[L, rest...]`, `L` the product of its first `lead` dimensions, and those dimensions.
+fn split_lead<T: Clone>(a: &Arr<T>, lead: usize) -> Result<(ArrayD<T>, Vec<usize>), String> {
+    let shape = a.shape();
+    if lead > shape.len() {
+        return Err("too many indices".into());
+    }
+    let mut flat = vec![shape[..lead].iter().product::<usize>()];
+    flat.extend_from_slice(&shape[lead..]);
+    let r = a
+        .to_owned()
+        .into_shape_with_order(IxDyn(&flat))
+        .map_err(|e| e.to_string())?;
+    Ok((r, shape[..lead].to_vec()))
+}
+
+/// `x[(:,) * lead, idx...]`: the leading-index gather on each slice of the leading dimensions.
+fn index_lead<T: Elem>(a: &Arr<T>, ix: &Indices) -> Result<ArrayD<T>, String> {
+    if ix.lead == 0 {
+        return index_t(a, &ix.idx);
+    }
+    let (flat, lead_shape) = split_lead(a, ix.lead)?;
+    let parts: Vec<ArrayD<T>> = flat
+        .outer_iter()
+        .map(|sub| index_t(&sub.to_owned().into_shared(), &ix.idx))
+        .collect::<Result<_, _>>()?;
+    let views: Vec<_> = parts.iter().map(|p| p.view()).collect();
+    let stacked = ndarray::stack(ndarray::Axis(0), &views)
+        .map_err(|_| "index over an empty leading dimension".to_owned())?;
+    let mut shape = lead_shape;
+    shape.extend_from_slice(&stacked.shape()[1..]);
+    stacked
+        .into_shape_with_order(IxDyn(&shape))
+        .map_err(|e| e.to_string())
+}
+
+/// `index_put` after `lead` full slices: each leading slice put with its slice of the values.
+fn put_lead<T: Acc>(a: &Arr<T>, ix: &Indices, v: &Arr<T>, acc: bool) -> Result<ArrayD<T>, String> {
+    if ix.lead == 0 {
+        return put_t(a, &ix.idx, v, acc);
+    }
+    let (flat, _) = split_lead(a, ix.lead)?;
+    // The values broadcast to the selection's shape: leading dims, index shape, the rest.
+    let mut b: Vec<usize> = Vec::new();
+    for i in &ix.idx {
+        b = bcast_shape(&b, i.shape())?;
+    }
+    let mut full = a.shape()[..ix.lead].to_vec();
+    full.extend_from_slice(&b);
+    full.extend_from_slice(a.shape().get(ix.lead + ix.idx.len()..).unwrap_or(&[]));
+    let vb = v
+        .broadcast(IxDyn(&full))
+        .ok_or_else(|| {
+            format!(
+                "index_put: values {:?} do not broadcast to {full:?}",
+                v.shape()
+            )
+        })?
+        .to_owned()
+        .into_shared();
+    let (vflat, _) = split_lead(&vb, ix.lead)?;
+    let parts: Vec<ArrayD<T>> = flat
+        .outer_iter()
+        .zip(vflat.outer_iter())
+        .map(|(sub, vs)| {
+            put_t(
+                &sub.to_owned().into_shared(),
+                &ix.idx,
+                &vs.to_owned().into_shared(),
+                acc,
+            )
+        })
+        .collect::<Result<_, _>>()?;
+    let views: Vec<_> = parts.iter().map(|p| p.view()).collect();
+    if views.is_empty() {
+        return Ok(a.to_owned());
+    }
+    ndarray::stack(ndarray::Axis(0), &views)
+        .map_err(|e| e.to_string())?
+        .into_shape_with_order(IxDyn(a.shape()))
+        .map_err(|e| e.to_string())
 }
 
 macro_rules! on_kind {
@@ -202,7 +299,7 @@ pub fn embedding(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
 pub fn index(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let x = env.tensor(env.arg(0)?)?;
     let idx = index_list(env, env.arg(1)?)?;
-    one(on_kind!(x, T, a => index_t::<T>(a, &idx)?))
+    one(on_kind!(x, T, a => index_lead::<T>(a, &idx)?))
 }
 
 pub fn index_put(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
@@ -210,7 +307,7 @@ pub fn index_put(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let idx = index_list(env, env.arg(1)?)?;
     let v = env.tensor(env.arg(2)?)?;
     let acc = flag(env.arg_or_kw(3, "accumulate"), false);
-    let out = on_kind!(x, T, a => put_t::<T>(a, &idx, &T::get(v), acc)?);
+    let out = on_kind!(x, T, a => put_lead::<T>(a, &idx, &T::get(v), acc)?);
     one(out.cast(out_dtype(env, x.dtype))?)
 }
 
@@ -336,4 +433,151 @@ pub fn index_select(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         out.shape().to_vec()
     };
     one(out.reshape(&shape)?)
+}
+
+/// `scatter_reduce.two(self, dim, index, src, reduce, include_self=True)` with `reduce` one
+/// of sum, prod, mean, amax, amin: each element of `self` that an index names combined with
+/// every source value scattered to it (and with itself when `include_self`), in f64 (i64 for
+/// integers, whose mean rounds down as torch's); a NaN wins amax / amin.
+pub fn scatter_reduce(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let x = env.tensor(env.arg(0)?)?;
+    let rank = x.shape().len();
+    let d = norm_dim(int(env.arg(1)?)?, rank)?;
+    let idx = i64::get(env.tensor(env.arg(2)?)?);
+    let src = env.tensor(env.arg(3)?)?;
+    let how = match env.arg(4)? {
+        Arg::Str(s) if ["sum", "prod", "mean", "amax", "amin"].contains(&s.as_str()) => s.clone(),
+        a => return Err(format!("scatter_reduce: reduce={a:?}")),
+    };
+    let include = flag(env.arg_or_kw(5, "include_self"), true);
+    let shape = x.shape().to_vec();
+    let n = shape.get(d).copied().unwrap_or(1);
+    let integer = !x.dtype.is_floating();
+    let base: Vec<f64> = x.to_f64_vec();
+    let sv = f64::get(src);
+    // Values landing on each element of `self`, in index order.
+    let mut landed: Vec<Vec<f64>> = vec![Vec::new(); base.len()];
+    let strides: Vec<usize> = (0..rank).map(|k| shape[k + 1..].iter().product()).collect();
+    for (p, &i) in idx.indexed_iter() {
+        let v = *sv
+            .get(p.slice())
+            .ok_or("scatter_reduce: index outside src")?;
+        let mut off = 0;
+        for (k, &c) in p.slice().iter().enumerate() {
+            let c = if k == d { fix(i, n)? } else { c };
+            if c >= *shape.get(k).unwrap_or(&1) {
+                return Err("scatter_reduce: index outside the input".into());
+            }
+            off += c * strides.get(k).copied().unwrap_or(1);
+        }
+        landed[off].push(v);
+    }
+    let out: Vec<f64> = base
+        .iter()
+        .zip(&landed)
+        .map(|(&s, vs)| {
+            if vs.is_empty() {
+                return s;
+            }
+            let all: Vec<f64> = if include {
+                std::iter::once(s).chain(vs.iter().copied()).collect()
+            } else {
+                vs.clone()
+            };
+            let pick = |max: bool| {
+                all.iter().copied().fold(all[0], |b, v| {
+                    if b.is_nan() || v.is_nan() {
+                        f64::NAN
+                    } else if (v > b) == max && v != b {
+                        v
+                    } else {
+                        b
+                    }
+                })
+            };
+            match how.as_str() {
+                "sum" => all.iter().sum(),
+                "prod" => all.iter().product(),
+                "mean" => {
+                    let m = all.iter().sum::<f64>() / all.len() as f64;
+                    if integer { m.floor() } else { m }
+                }
+                "amax" => pick(true),
+                _ => pick(false),
+            }
+        })
+        .collect();
+    let a = ArrayD::from_shape_vec(IxDyn(&shape), out).map_err(|e| e.to_string())?;
+    one(f64::wrap(a, out_dtype(env, x.dtype))?)
+}
+
+/// `index_add(self, dim, index, source, alpha=1)`: `alpha * source`'s slices along `dim`
+/// added to `self`'s slices that `index` names, in index order.
+pub fn index_add(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let x = env.tensor(env.arg(0)?)?;
+    let rank = x.shape().len();
+    let d = norm_dim(int(env.arg(1)?)?, rank)?;
+    let idx = i64::get(env.tensor(env.arg(2)?)?);
+    let src = env.tensor(env.arg(3)?)?;
+    let alpha = env
+        .node()
+        .kwargs
+        .get("alpha")
+        .and_then(number)
+        .unwrap_or(1.0);
+    let dt = out_dtype(env, x.dtype);
+    let base = if rank == 0 {
+        x.reshape(&[1])?
+    } else {
+        x.clone()
+    };
+    let srcb = if src.shape().is_empty() {
+        src.reshape(&[1])?
+    } else {
+        src.clone()
+    };
+    let n = base.shape()[d];
+    if idx.len() != srcb.shape().get(d).copied().unwrap_or(0) {
+        return Err(format!(
+            "index_add: {} indices for a source of {:?} along {d}",
+            idx.len(),
+            src.shape()
+        ));
+    }
+    fn go<T: Acc>(
+        a: &Arr<T>,
+        s: &Arr<T>,
+        d: usize,
+        idx: &[usize],
+        alpha: T,
+        scale: bool,
+    ) -> Result<ArrayD<T>, String> {
+        let mut out = a.to_owned();
+        for (k, &i) in idx.iter().enumerate() {
+            let from = s.index_axis(ndarray::Axis(d), k);
+            let mut to = out.index_axis_mut(ndarray::Axis(d), i);
+            if to.shape() != from.shape() {
+                return Err(format!(
+                    "index_add: slices {:?} and {:?}",
+                    to.shape(),
+                    from.shape()
+                ));
+            }
+            ndarray::Zip::from(&mut to).and(&from).for_each(|o, &v| {
+                *o = o.acc(if scale { v.prod(alpha) } else { v });
+            });
+        }
+        Ok(out)
+    }
+    let idx: Vec<usize> = idx.iter().map(|&i| fix(i, n)).collect::<Result<_, _>>()?;
+    let srcc = srcb.cast(base.dtype)?;
+    let scale = alpha != 1.0;
+    let out = match (&base.data, &srcc.data) {
+        (Data::F32(a), Data::F32(s)) => f32::wrap(go(a, s, d, &idx, alpha as f32, scale)?, dt)?,
+        (Data::F64(a), Data::F64(s)) => f64::wrap(go(a, s, d, &idx, alpha, scale)?, dt)?,
+        (Data::I64(a), Data::I64(s)) => i64::wrap(go(a, s, d, &idx, alpha as i64, scale)?, dt)?,
+        (Data::Bool(a), Data::Bool(s)) => bool::wrap(go(a, s, d, &idx, alpha != 0.0, scale)?, dt)?,
+        _ => return Err("index_add of mixed kinds".into()),
+    };
+    one(out.reshape(x.shape())?)
 }

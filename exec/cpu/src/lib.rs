@@ -19,6 +19,7 @@ mod linalg;
 mod logical;
 mod loss;
 mod masks;
+mod math;
 mod nn;
 mod norm;
 mod pointwise_loss;
@@ -29,6 +30,7 @@ mod reduce;
 mod scatter;
 mod shape;
 mod softmax;
+mod stats;
 #[cfg(test)]
 mod testkit;
 
@@ -48,15 +50,57 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.sub.Tensor" | "aten.sub.Scalar" => e::sub,
         "aten.mul.Tensor" | "aten.mul.Scalar" => e::mul,
         "aten.div.Tensor" | "aten.div.Scalar" => e::div,
-        "aten.div.Tensor_mode" => e::div_mode,
+        "aten.div.Tensor_mode" | "aten.div.Scalar_mode" => e::div_mode,
         "aten.eq.Tensor" | "aten.eq.Scalar" => e::eq,
         "aten.ne.Tensor" | "aten.ne.Scalar" => e::ne,
         "aten.le.Tensor" | "aten.le.Scalar" => e::le,
         "aten.lt.Tensor" | "aten.lt.Scalar" => e::lt,
         "aten.ge.Tensor" | "aten.ge.Scalar" => e::ge,
         "aten.gt.Tensor" | "aten.gt.Scalar" => e::gt,
-        "aten.bitwise_and.Tensor" => e::bitwise_and,
-        "aten.bitwise_or.Tensor" => e::bitwise_or,
+        "aten.bitwise_and.Tensor" | "aten.bitwise_and.Scalar" => e::bitwise_and,
+        "aten.bitwise_or.Tensor" | "aten.bitwise_or.Scalar" => e::bitwise_or,
+        "aten.bitwise_xor.Tensor" | "aten.bitwise_xor.Scalar" => math::bitwise_xor,
+        "aten.bitwise_not.default" => math::bitwise_not,
+        "aten.acos.default" => math::acos,
+        "aten.acosh.default" => math::acosh,
+        "aten.asin.default" => math::asin,
+        "aten.asinh.default" => math::asinh,
+        "aten.atan.default" => math::atan,
+        "aten.atanh.default" => math::atanh,
+        "aten.cosh.default" => math::cosh,
+        "aten.sinh.default" => math::sinh,
+        "aten.tan.default" => math::tan,
+        "aten.expm1.default" => math::expm1,
+        "aten.log1p.default" => math::log1p,
+        "aten.log10.default" => math::log10,
+        "aten.log2.default" => math::log2,
+        "aten.ceil.default" => math::ceil,
+        "aten.floor.default" => math::floor,
+        "aten.round.default" => math::round,
+        "aten.trunc.default" => math::trunc,
+        "aten.sign.default" => math::sign,
+        "aten.isnan.default" => math::isnan,
+        "aten.isinf.default" => math::isinf,
+        "aten.atan2.default" => math::atan2,
+        "aten.fmod.Tensor" | "aten.fmod.Scalar" => math::fmod,
+        "aten.remainder.Tensor" | "aten.remainder.Scalar" => math::remainder,
+        "aten.amax.default" | "aten.max.default" => stats::amax,
+        "aten.amin.default" | "aten.min.default" => stats::amin,
+        "aten.max.dim" => stats::max_dim,
+        "aten.min.dim" => stats::min_dim,
+        "aten.prod.default" | "aten.prod.dim_int" => stats::prod,
+        "aten.var.correction" | "aten.var.dim" | "aten.std.correction" => stats::var,
+        "aten.linalg_vector_norm.default" => stats::vector_norm,
+        "aten.stack.default" => shape::stack,
+        "aten.unbind.int" => shape::unbind,
+        "aten.roll.default" => shape::roll,
+        "aten.baddbmm.default" => linalg::baddbmm,
+        "aten.index_add.default" => index::index_add,
+        "aten.flip.default" => shape::flip,
+        "aten.diagonal.default" => shape::diagonal,
+        "aten.scatter_reduce.two" => index::scatter_reduce,
+        "aten.randperm.default" => random::randperm,
+        "aten.repeat.default" => shape::repeat,
         "aten.where.self" => e::where_,
         "aten.neg.default" => e::neg,
         "aten.exp.default" => e::exp,
@@ -107,8 +151,8 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.addmm.default" => linalg::addmm,
         "aten._grouped_mm.default" => linalg::grouped_mm,
         "aten.embedding.default" => index::embedding,
-        "aten.index.Tensor" => index::index,
-        "aten.index_put.default" => index::index_put,
+        "aten.index.Tensor" | "aten._unsafe_index.Tensor" => index::index,
+        "aten.index_put.default" | "aten._unsafe_index_put.default" => index::index_put,
         "aten.gather.default" => index::gather,
         "aten.scatter.value"
         | "aten.scatter.src"
@@ -174,7 +218,9 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.full_like.default" => create::full_like,
         "aten.scalar_tensor.default" => create::scalar_tensor,
         "aten.arange.start_step" | "aten.arange.start" | "aten.arange.default" => create::arange,
-        "aten.empty_permuted.default" | "aten.empty.memory_format" => create::empty,
+        "aten.empty_permuted.default"
+        | "aten.empty.memory_format"
+        | "aten.empty_strided.default" => create::empty,
         "aten.detach.default" | "aten.lift_fresh_copy.default" => e::clone,
         "aten.relu.default" => activation::relu,
         "aten.threshold_backward.default" => activation::threshold_backward,

@@ -7,7 +7,7 @@ use super::{Env, Value, number, one, out_dtype};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, Array3, ArrayView2, Axis, Ix2, Ix3, LinalgScalar, s};
 use zerosched_exec::host::{Arr, Elem, Kind, Tensor, kind};
-use zerosched_ir::Arg;
+use zerosched_ir::{Arg, Dtype};
 
 fn mat<T: Clone>(a: &Arr<T>) -> Result<ndarray::ArrayView2<'_, T>, String> {
     a.view()
@@ -52,8 +52,8 @@ fn bmm_t<T: LinalgScalar + Elem>(a: &Tensor, b: &Tensor) -> Result<ndarray::Arra
     Ok(c.into_dyn())
 }
 
-fn product(env: &Env<'_, Tensor>, a: &Tensor, b: &Tensor, batched: bool) -> Result<Tensor, String> {
-    let dt = out_dtype(env, a.dtype);
+/// `a @ b` (batched or not) as `dt`.
+fn product(dt: Dtype, a: &Tensor, b: &Tensor, batched: bool) -> Result<Tensor, String> {
     match kind(dt)? {
         Kind::F32 => f32::wrap(
             if batched {
@@ -85,32 +85,48 @@ fn product(env: &Env<'_, Tensor>, a: &Tensor, b: &Tensor, batched: bool) -> Resu
 
 pub fn mm(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let (a, b) = (env.tensor(env.arg(0)?)?, env.tensor(env.arg(1)?)?);
-    one(product(env, a, b, false)?)
+    one(product(out_dtype(env, a.dtype), a, b, false)?)
 }
 
 pub fn bmm(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let (a, b) = (env.tensor(env.arg(0)?)?, env.tensor(env.arg(1)?)?);
-    one(product(env, a, b, true)?)
+    one(product(out_dtype(env, a.dtype), a, b, true)?)
 }
 
 /// `addmm(bias, a, b, *, beta=1, alpha=1)`: `beta * bias + alpha * (a @ b)`, the product
 /// rounded once before the addition.
-pub fn addmm(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+/// `beta * bias + alpha * (a @ b)`, batched or not.
+fn add_product(env: &Env<'_, Tensor>, batched: bool) -> Result<Value<Tensor>, String> {
     let bias = env.tensor(env.arg(0)?)?;
     let (a, b) = (env.tensor(env.arg(1)?)?, env.tensor(env.arg(2)?)?);
     let dt = out_dtype(env, a.dtype);
+    // bf16 / f16 in f32 throughout, rounded once at the end (as torch's kernel).
+    let cdt = if kind(dt)? == Kind::F32 {
+        Dtype::Float32
+    } else {
+        dt
+    };
     let kw = |k: &str| env.node().kwargs.get(k).and_then(number).unwrap_or(1.0);
     let (beta, alpha) = (kw("beta"), kw("alpha"));
-    let mut p = product(env, a, b, false)?;
+    let mut p = product(cdt, a, b, batched)?;
     if alpha != 1.0 {
-        p = binary(&p, &Tensor::scalar(alpha, dt)?, dt, Bin::Mul, None)?;
+        p = binary(&p, &Tensor::scalar(alpha, cdt)?, cdt, Bin::Mul, None)?;
     }
     let bias = if beta != 1.0 {
-        binary(bias, &Tensor::scalar(beta, dt)?, dt, Bin::Mul, None)?
+        binary(bias, &Tensor::scalar(beta, cdt)?, cdt, Bin::Mul, None)?
     } else {
         bias.clone()
     };
-    one(binary(&p, &bias, dt, Bin::Add, None)?)
+    one(binary(&p, &bias, cdt, Bin::Add, None)?.cast(dt)?)
+}
+
+pub fn addmm(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    add_product(env, false)
+}
+
+/// `baddbmm(bias, a, b, beta=1, alpha=1)`: `addmm` of batches.
+pub fn baddbmm(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    add_product(env, true)
 }
 
 /// Group `g`'s range `[start, end)` from cumulative group ends, checked against `len`.

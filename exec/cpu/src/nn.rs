@@ -5,11 +5,14 @@
 //! `P = exp(S - logsumexp)`, `O = P V`; backward `dV = P^T dO`, `dP = dO V^T`,
 //! `dS = P * (dP - rowsum(dO * O))`, `dQ = scale dS K`, `dK = scale dS^T Q`. Grouped KV
 //! heads (H a multiple of the KV heads) share K and V and accumulate their gradients. Dropout
-//! inside attention is refused; a GPU form's bookkeeping outputs (sequence offsets, RNG state,
-//! debug mask) are zeros of their recorded shapes, and its logsumexp fills the recorded shape
+//! inside attention (the GPU forms) follows the random ops' rule: the forward draws by its
+//! node's name and returns that key as its RNG state, from which the backward draws the same
+//! mask (the CPU flash form returns no state, so its dropout is refused). A GPU form's other
+//! bookkeeping outputs (sequence offsets, debug mask) are zeros of their recorded shapes, and its logsumexp fills the recorded shape
 //! (padded past the sequence, as the memory-efficient kernel's is, with zeros).
 
 use super::{Env, Value, flag, number, out_dtype};
+use crate::random::Stream;
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, Array3, Array4, ArrayView2, ArrayView4, Axis, Ix4, IxDyn, LinalgScalar, s};
 use num_traits::Float;
@@ -31,6 +34,8 @@ struct Attn<T> {
     causal: bool,
     /// Additive mask broadcast to [B, H, L, S], and its own shape.
     mask: Option<(ndarray::Array4<T>, Vec<usize>)>,
+    /// Dropout probability on the attention weights, when not 0.
+    dropout: Option<f64>,
 }
 
 /// Which fused form a target is, and where its arguments are.
@@ -48,6 +53,10 @@ struct Form {
     b_causal: usize,
     b_mask: Option<usize>,
     b_grad_mask: Option<usize>,
+    /// Where the forward returns its RNG state and the backward takes it: the dropout
+    /// stream's key (random.rs), so both draw one mask. None: dropout is refused.
+    seed_out: Option<usize>,
+    b_seed: Option<usize>,
 }
 
 fn form(target: &str) -> Result<Form, String> {
@@ -66,6 +75,8 @@ fn form(target: &str) -> Result<Form, String> {
             b_causal: 7,
             b_mask: None,
             b_grad_mask: None,
+            seed_out: None,
+            b_seed: None,
         },
         "_scaled_dot_product_flash_attention" => Form {
             dropout: 3,
@@ -77,6 +88,8 @@ fn form(target: &str) -> Result<Form, String> {
             b_causal: 11,
             b_mask: None,
             b_grad_mask: None,
+            seed_out: Some(6),
+            b_seed: Some(12),
         },
         "_scaled_dot_product_efficient_attention" => Form {
             dropout: 5,
@@ -88,6 +101,8 @@ fn form(target: &str) -> Result<Form, String> {
             b_causal: 11,
             b_mask: Some(4),
             b_grad_mask: Some(10),
+            seed_out: Some(2),
+            b_seed: Some(7),
         },
         "_scaled_dot_product_cudnn_attention" => Form {
             dropout: 5,
@@ -99,6 +114,8 @@ fn form(target: &str) -> Result<Form, String> {
             b_causal: 14,
             b_mask: Some(8),
             b_grad_mask: None,
+            seed_out: Some(6),
+            b_seed: Some(6),
         },
         _ => return Err(format!("`{target}` is not an attention op")),
     })
@@ -112,14 +129,14 @@ fn attn_opts<T: F>(
     sz: usize,
 ) -> Result<Attn<T>, String> {
     let n = env.node();
-    if n.args
+    let p = n
+        .args
         .get(dropout)
         .or(n.kwargs.get("dropout_p"))
         .and_then(number)
-        .unwrap_or(0.0)
-        != 0.0
-    {
-        return Err("dropout in attention is not supported".into());
+        .unwrap_or(0.0);
+    if !(0.0..1.0).contains(&p) {
+        return Err(format!("attention dropout p = {p} outside [0, 1)"));
     }
     let causal = flag(n.args.get(causal).or(n.kwargs.get("is_causal")), false);
     let e = *q.shape().last().unwrap_or(&1);
@@ -163,7 +180,51 @@ fn attn_opts<T: F>(
         scale: T::from_f64(scale),
         causal,
         mask,
+        dropout: (p > 0.0).then_some(p),
     })
+}
+
+/// The dropout stream of the node (forward: its own name's; backward: the key in the RNG state
+/// its forward returned), or None without dropout; an error where the form carries no state.
+fn stream(
+    env: &Env<'_, Tensor>,
+    p: Option<f64>,
+    seed: Option<Option<usize>>,
+) -> Result<Option<Stream>, String> {
+    if p.is_none() {
+        return Ok(None);
+    }
+    match seed {
+        None => Ok(Some(Stream::of(env))),
+        Some(None) => Err("dropout in attention is not supported for this form (no RNG state reaches its backward)".into()),
+        Some(Some(i)) => {
+            let t = env.tensor(env.arg(i)?)?;
+            let key = i64::get(t).iter().next().copied().ok_or("attention backward: empty RNG state")?;
+            Ok(Some(Stream(key as u64)))
+        }
+    }
+}
+
+/// `p` (b, h) of [B, H, L, S] weights with dropout applied: each kept weight scaled by
+/// 1 / (1 - p), draw ((b H + h) L + i) S + j of the stream deciding element (i, j).
+fn apply_dropout<T: F>(
+    p: &mut Array2<T>,
+    st: &Stream,
+    prob: f64,
+    b: usize,
+    h: usize,
+    heads: usize,
+) {
+    let (l, sz) = p.dim();
+    let keep = T::from_f64(1.0 / (1.0 - prob));
+    for ((i, j), x) in p.indexed_iter_mut() {
+        let at = (((b * heads + h) * l + i) * sz + j) as u64;
+        *x = if st.uniform(at) >= prob {
+            *x * keep
+        } else {
+            T::zero()
+        };
+    }
 }
 
 /// Zeros of output `k`'s recorded shape and dtype (a GPU form's bookkeeping output), or None
@@ -248,6 +309,7 @@ fn fwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     }
     let f = form(&env.node().target)?;
     let o = attn_opts::<T>(env, qt, (f.dropout, f.causal, f.mask), l, sz)?;
+    let st = stream(env, o.dropout, f.seed_out.is_none().then_some(None))?;
     let mut out = Array4::<T>::zeros((bs, h, l, ev));
     let mut lse = Array3::<T>::zeros((bs, h, l));
     for b in 0..bs {
@@ -271,6 +333,9 @@ fn fwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
                 let ls = m + sum.ln();
                 lse[[b, hh, i]] = ls;
                 row.mapv_inplace(|x| (x - ls).exp());
+            }
+            if let (Some(st), Some(prob)) = (&st, o.dropout) {
+                apply_dropout(&mut p, st, prob, b, hh, h);
             }
             let mut ob = out.slice_mut(s![b, hh, .., ..]);
             general_mat_mul(
@@ -299,7 +364,21 @@ fn fwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     };
     let mut outs = vec![Some(T::wrap(out.into_dyn(), d0)?), Some(lse)];
     for k in 2..n_outputs(env) {
-        outs.push(filler(env, k)?);
+        let mut t = filler(env, k)?;
+        if f.seed_out == Some(k) {
+            // The stream's key, for the backward to draw the same mask.
+            if let (Some(t), Some(m)) = (t.as_mut(), env.out_meta_k(k)) {
+                let shape: Vec<usize> = m.shape.iter().map(|d| d.hint() as usize).collect();
+                let mut v = vec![0i64; shape.iter().product()];
+                if let Some(first) = v.first_mut() {
+                    *first = Stream::of(env).0 as i64;
+                }
+                let a =
+                    ndarray::ArrayD::from_shape_vec(IxDyn(&shape), v).map_err(|e| e.to_string())?;
+                *t = i64::wrap(a, m.dtype)?;
+            }
+        }
+        outs.push(t);
     }
     Ok(Value::List(outs))
 }
@@ -323,6 +402,7 @@ fn bwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         return Err(format!("{h} query heads over {hk} key/value heads"));
     }
     let o = attn_opts::<T>(env, qt, (f.b_dropout, f.b_causal, f.b_mask), l, sz)?;
+    let st = stream(env, o.dropout, Some(f.b_seed))?;
     let want_bias = f.b_grad_mask.is_some_and(|i| {
         matches!(env.node().args.get(i), Some(Arg::List(m)) if matches!(m.get(3), Some(Arg::Bool(true))))
     }) && o.mask.is_some();
@@ -351,10 +431,19 @@ fn bwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
                     row.mapv_inplace(|x| (x - ls).exp());
                 }
             }
-            let mut dvb = dv.slice_mut(s![b, kv, .., ..]);
-            general_mat_mul(T::one(), &p.t(), &dom, T::one(), &mut dvb);
+            // With dropout Z: O = (P Z / (1 - p)) V, so dV = (P Z / (1 - p))^T dO and the
+            // weights' gradient dO V^T passes through Z / (1 - p) before the softmax's.
+            let mut dropped = p.clone();
             let mut dp = Array2::<T>::zeros((l, sz));
             general_mat_mul(T::one(), &dom, &vm.t(), T::zero(), &mut dp);
+            if let (Some(st), Some(prob)) = (&st, o.dropout) {
+                apply_dropout(&mut dropped, st, prob, b, hh, h);
+                let mut ones = Array2::<T>::ones((l, sz));
+                apply_dropout(&mut ones, st, prob, b, hh, h);
+                dp.zip_mut_with(&ones, |a, &z| *a = *a * z);
+            }
+            let mut dvb = dv.slice_mut(s![b, kv, .., ..]);
+            general_mat_mul(T::one(), &dropped.t(), &dom, T::one(), &mut dvb);
             for i in 0..l {
                 let di: T = dom
                     .row(i)

@@ -1,5 +1,6 @@
 //! The ops whose values PyTorch draws from its generator: `native_dropout` (and its backward,
-//! which is not random), `rand` / `randn` / `randint` and their `_like` forms, `bernoulli`.
+//! which is not random), `rand` / `randn` / `randint` and their `_like` forms, `bernoulli`,
+//! `randperm` (positions ordered by their draws).
 //!
 //! No executor can reproduce PyTorch's generator stream, so these follow this executor's own
 //! rule (docs/exec.md): element `i` of a random node's output is a function of the node's name
@@ -14,11 +15,12 @@ use ndarray::{ArrayD, IxDyn};
 use zerosched_exec::host::{Elem, Tensor};
 use zerosched_ir::{Arg, Dtype};
 
-/// The stream of a node: uniform draws in [0, 1) by element index.
-struct Stream(u64);
+/// The stream of a node: uniform draws in [0, 1) by element index. Its key travels in the RNG
+/// state a fused attention forward returns, so that its backward draws the same dropout mask.
+pub(crate) struct Stream(pub(crate) u64);
 
 impl Stream {
-    fn of(env: &Env<'_, Tensor>) -> Stream {
+    pub(crate) fn of(env: &Env<'_, Tensor>) -> Stream {
         // FNV-1a 64 of the node's name.
         let h = env
             .node()
@@ -41,7 +43,7 @@ impl Stream {
     }
 
     /// Uniform in [0, 1) with 53 random bits.
-    fn uniform(&self, i: u64) -> f64 {
+    pub(crate) fn uniform(&self, i: u64) -> f64 {
         (self.bits(i) >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
@@ -228,6 +230,20 @@ pub fn native_dropout_backward(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, S
         })?;
         one(T::wrap(r, dt)?)
     })
+}
+
+/// `randperm(n)`: 0..n ordered by each position's draw (ties by position).
+pub fn randperm(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let n = number(env.arg(0)?).ok_or("randperm: n is not an integer")?;
+    let n = usize::try_from(n as i64).map_err(|_| format!("randperm: n = {n}"))?;
+    let s = Stream::of(env);
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| s.bits(i as u64));
+    let v: Vec<i64> = order.into_iter().map(|i| i as i64).collect();
+    one(i64::wrap(
+        ArrayD::from_shape_vec(IxDyn(&[n]), v).map_err(|e| e.to_string())?,
+        kw_dtype(env, Dtype::Int64),
+    )?)
 }
 
 #[cfg(test)]

@@ -8,7 +8,10 @@ use ndarray::{ArrayD, ArrayView1, Axis, IxDyn, Zip};
 use zerosched_exec::host::{Data, Elem, Kind, Tensor, kind};
 use zerosched_ir::{Arg, Dtype};
 
-fn dims_of(a: Option<&Arg<zerosched_ir::NodeId>>, rank: usize) -> Result<Vec<usize>, String> {
+pub(crate) fn dims_of(
+    a: Option<&Arg<zerosched_ir::NodeId>>,
+    rank: usize,
+) -> Result<Vec<usize>, String> {
     let list = match a {
         None | Some(Arg::None) => Vec::new(),
         Some(a) => ints(a)?,
@@ -126,6 +129,28 @@ pub fn cumprod(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     cumulative(env, true)
 }
 
+/// The first position of a lane's maximum (`max`) or minimum, a NaN counting as the extreme.
+pub(crate) fn lane_arg<T: PartialOrd + Copy>(
+    lane: ArrayView1<'_, T>,
+    max: bool,
+) -> Result<i64, String> {
+    #[allow(clippy::eq_op)] // `x != x` is the generic NaN test
+    let nan = |x: T| x != x;
+    let mut best: Option<(usize, T)> = None;
+    for (i, &v) in lane.iter().enumerate() {
+        let better = match best {
+            None => true,
+            Some((_, b)) if nan(b) => false,
+            Some((_, b)) => nan(v) || if max { v > b } else { v < b },
+        };
+        if better {
+            best = Some((i, v));
+        }
+    }
+    best.map(|(i, _)| i as i64)
+        .ok_or_else(|| "argmax / argmin of an empty dimension".to_owned())
+}
+
 /// `argmax` / `argmin(x, dim=None, keepdim=False)`: the first position of the extreme along
 /// `dim` (of the flattened tensor without one), a NaN counting as the extreme, as torch.
 fn arg_extreme(env: &Env<'_, Tensor>, max: bool) -> Result<Value<Tensor>, String> {
@@ -136,23 +161,6 @@ fn arg_extreme(env: &Env<'_, Tensor>, max: bool) -> Result<Value<Tensor>, String
         Some(a) => Some(norm_dim(int(a)?, rank)?),
     };
     let keep = flag(env.arg_or_kw(2, "keepdim"), false);
-    fn lane_arg<T: PartialOrd + Copy>(lane: ArrayView1<'_, T>, max: bool) -> Result<i64, String> {
-        #[allow(clippy::eq_op)] // `x != x` is the generic NaN test
-        let nan = |x: T| x != x;
-        let mut best: Option<(usize, T)> = None;
-        for (i, &v) in lane.iter().enumerate() {
-            let better = match best {
-                None => true,
-                Some((_, b)) if nan(b) => false,
-                Some((_, b)) => nan(v) || if max { v > b } else { v < b },
-            };
-            if better {
-                best = Some((i, v));
-            }
-        }
-        best.map(|(i, _)| i as i64)
-            .ok_or_else(|| "argmax / argmin of an empty dimension".to_owned())
-    }
     fn go<T: Elem>(
         x: &zerosched_exec::host::Arr<T>,
         dim: Option<usize>,

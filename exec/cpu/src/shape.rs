@@ -3,8 +3,9 @@
 //! input's storage or copy it: the graph is functional).
 
 use super::{Env, Value, int, ints, norm_dim, number, one, out_dtype};
-use ndarray::{Axis, IxDyn, Slice};
+use ndarray::{Axis, Dimension, IxDyn, Slice};
 use zerosched_exec::host::{Tensor, map_data};
+use zerosched_ir::Arg;
 
 fn x<'a>(env: &Env<'a, Tensor>) -> Result<&'a Tensor, String> {
     env.tensor(env.arg(0)?)
@@ -150,6 +151,11 @@ pub fn cat(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         env.node().args.get(1).map(int).transpose()?.unwrap_or(0),
         rank,
     )?;
+    one(concat(&ts, d, dt)?)
+}
+
+/// Tensors of one kind joined along `d`.
+fn concat(ts: &[Tensor], d: usize, dt: zerosched_ir::Dtype) -> Result<Tensor, String> {
     use zerosched_exec::host::Data;
     macro_rules! go {
         ($v:ident) => {{
@@ -174,7 +180,94 @@ pub fn cat(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         Some(Data::Bool(_)) => go!(Bool),
         None => return Err("cat of nothing".into()),
     };
-    one(Tensor { dtype: dt, data })
+    Ok(Tensor { dtype: dt, data })
+}
+
+/// `stack(tensors, dim=0)`: the tensors joined along a new dimension `dim`.
+pub fn stack(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let items = env.arg(0)?.as_list().ok_or("stack of a non-list")?;
+    let ts: Vec<&Tensor> = items
+        .iter()
+        .map(|a| env.tensor(a))
+        .collect::<Result<_, _>>()?;
+    let first = ts.first().ok_or("stack of nothing")?;
+    let shape = first.shape().to_vec();
+    let d = norm_dim(
+        env.arg_or_kw(1, "dim").map(int).transpose()?.unwrap_or(0),
+        shape.len() + 1,
+    )?;
+    let dt = out_dtype(env, first.dtype);
+    let mut up = shape.clone();
+    up.insert(d, 1);
+    let ts: Vec<Tensor> = ts
+        .iter()
+        .map(|t| {
+            if t.shape() != shape.as_slice() {
+                return Err(format!("stack of shapes {shape:?} and {:?}", t.shape()));
+            }
+            t.cast(dt)?.reshape(&up)
+        })
+        .collect::<Result<_, _>>()?;
+    one(concat(&ts, d, dt)?)
+}
+
+/// `unbind(x, dim=0)`: the slices along `dim`, that dimension removed.
+pub fn unbind(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let rank = t.shape().len();
+    let d = norm_dim(
+        env.arg_or_kw(1, "dim").map(int).transpose()?.unwrap_or(0),
+        rank,
+    )?;
+    let mut rest = t.shape().to_vec();
+    let n = rest.remove(d);
+    let parts = (0..n)
+        .map(|i| {
+            Ok(Some(
+                map_data!(t, a => a.index_axis(Axis(d), i).to_owned().into_shared())
+                    .reshape(&rest)?,
+            ))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(Value::List(parts))
+}
+
+/// `roll(x, shifts, dims=[])`: elements moved `shifts[i]` places along `dims[i]`, wrapping
+/// (the flattened tensor when no dimension is given).
+pub fn roll(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let shifts = ints(env.arg(1)?)?;
+    let dims = match env.arg_or_kw(2, "dims") {
+        None | Some(Arg::None) => Vec::new(),
+        Some(a) => ints(a)?,
+    };
+    let shape = t.shape().to_vec();
+    let (base, dims) = if dims.is_empty() {
+        (t.reshape(&[t.numel()])?, vec![0])
+    } else {
+        (t.clone(), dims)
+    };
+    if shifts.len() != dims.len() {
+        return Err(format!(
+            "roll: {} shifts for {} dimensions",
+            shifts.len(),
+            dims.len()
+        ));
+    }
+    let rank = base.shape().len();
+    let mut out = base;
+    for (&s, &d) in shifts.iter().zip(&dims) {
+        let d = norm_dim(d, rank)?;
+        let n = out.shape().get(d).copied().unwrap_or(1);
+        if n == 0 {
+            continue;
+        }
+        let idx: Vec<usize> = (0..n as i64)
+            .map(|i| (i - s).rem_euclid(n as i64) as usize)
+            .collect();
+        out = map_data!(&out, a => a.select(Axis(d), &idx).into_shared());
+    }
+    one(out.reshape(&shape)?)
 }
 
 fn split_at(t: &Tensor, sizes: &[usize], d: usize) -> Result<Value<Tensor>, String> {
@@ -261,4 +354,99 @@ pub fn constant_pad_nd(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         dtype: t.dtype,
         data,
     })
+}
+
+/// `flip(x, dims)`: the order along each listed dimension reversed.
+pub fn flip(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let rank = t.shape().len();
+    let dims: Vec<usize> = ints(env.arg(1)?)?
+        .into_iter()
+        .map(|d| norm_dim(d, rank))
+        .collect::<Result<_, _>>()?;
+    if rank == 0 {
+        return one(t.clone());
+    }
+    one(map_data!(t, a => {
+        let mut v = a.view();
+        for &d in &dims {
+            v.invert_axis(Axis(d));
+        }
+        v.to_owned().into_shared()
+    }))
+}
+
+/// `repeat(x, repeats)`: the tensor tiled `repeats[i]` times along dimension i (leading
+/// repeats add dimensions).
+pub fn repeat(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let reps: Vec<usize> = ints(env.arg(1)?)?
+        .into_iter()
+        .map(|r| usize::try_from(r).map_err(|_| format!("repeat: negative count {r}")))
+        .collect::<Result<_, _>>()?;
+    let rank = t.shape().len();
+    if reps.len() < rank {
+        return Err(format!(
+            "repeat: {} counts for a tensor of rank {rank}",
+            reps.len()
+        ));
+    }
+    let mut shape = vec![1; reps.len() - rank];
+    shape.extend_from_slice(t.shape());
+    let out_shape: Vec<usize> = shape.iter().zip(&reps).map(|(s, r)| s * r).collect();
+    let base = t.reshape(&shape)?;
+    one(map_data!(&base, a => {
+        let n: usize = out_shape.iter().product();
+        let mut v = Vec::with_capacity(n);
+        for idx in ndarray::indices(IxDyn(&out_shape)) {
+            let src: Vec<usize> = idx.slice().iter().zip(&shape).map(|(i, s)| i % s).collect();
+            v.push(a[IxDyn(&src)]);
+        }
+        ndarray::ArrayD::from_shape_vec(IxDyn(&out_shape), v)
+            .map_err(|e| e.to_string())?
+            .into_shared()
+    }))
+}
+
+/// `diagonal(x, offset=0, dim1=0, dim2=1)`: the diagonal of the (dim1, dim2) planes as the
+/// last dimension, the other dimensions in order.
+pub fn diagonal(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    let t = x(env)?;
+    let rank = t.shape().len();
+    let get = |i: usize, name: &str, d: i64| env.arg_or_kw(i, name).map_or(Ok(d), int);
+    let offset = get(1, "offset", 0)?;
+    let d1 = norm_dim(get(2, "dim1", 0)?, rank)?;
+    let d2 = norm_dim(get(3, "dim2", 1)?, rank)?;
+    if d1 == d2 || rank < 2 {
+        return Err(format!(
+            "diagonal: dimensions {d1} and {d2} of a rank-{rank} tensor"
+        ));
+    }
+    let (r, c) = (t.shape()[d1] as i64, t.shape()[d2] as i64);
+    let len = if offset >= 0 {
+        (c - offset).min(r)
+    } else {
+        (r + offset).min(c)
+    }
+    .max(0) as usize;
+    let rest: Vec<usize> = (0..rank).filter(|&k| k != d1 && k != d2).collect();
+    let mut out_shape: Vec<usize> = rest.iter().map(|&k| t.shape()[k]).collect();
+    out_shape.push(len);
+    one(map_data!(t, a => {
+        let mut v = Vec::with_capacity(out_shape.iter().product());
+        for idx in ndarray::indices(IxDyn(&out_shape)) {
+            let s = idx.slice();
+            let k = s[s.len() - 1] as i64;
+            let mut src = vec![0usize; rank];
+            for (j, &dim) in rest.iter().enumerate() {
+                src[dim] = s[j];
+            }
+            src[d1] = (k + (-offset).max(0)) as usize;
+            src[d2] = (k + offset.max(0)) as usize;
+            v.push(a[IxDyn(&src)]);
+        }
+        ndarray::ArrayD::from_shape_vec(IxDyn(&out_shape), v)
+            .map_err(|e| e.to_string())?
+            .into_shared()
+    }))
 }
