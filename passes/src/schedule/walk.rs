@@ -438,13 +438,16 @@ impl<'a> Walk<'a> {
     }
 
     /// When spine node `i` can start: after the compute before it and after the gathers it
-    /// waits for, which are issued by the time anything later is considered. They are the
-    /// last issued entries of the first-need order.
+    /// waits for, which are issued by the time anything later is considered. The first-need
+    /// order is sorted by need, so they are one run of the issued entries, found by bisection
+    /// (gathers needed later may follow them, issued ahead in their bucket).
     fn node_start(&self, i: usize) -> f64 {
-        self.plan.fifo[..self.next]
+        let issued = &self.plan.fifo[..self.next];
+        let need = |g: &NodeId| self.plan.need_at[*g];
+        let from = issued.partition_point(|g| need(g) < i);
+        let to = issued.partition_point(|g| need(g) <= i);
+        issued[from..to.max(from)]
             .iter()
-            .rev()
-            .take_while(|&&g| self.plan.need_at[g] == i)
             .fold(self.t_compute, |t, &g| t.max(self.end_of[g]))
     }
 
