@@ -400,9 +400,11 @@ impl<'a> Walk<'a> {
                     });
                 // If the stream stays busy past the end of this node (its own waits included),
                 // issuing after it loses nothing and holds the memory for less time, unless
-                // it can ride in the bucket just issued, which saves its own collective.
+                // it is latency-bound and can ride in the bucket just issued, which saves its
+                // own collective. (A large gather that would merely end on time is left for
+                // later: pulled in early it takes memory room a later gather needs.)
                 let stream_frees = self.t_comm < self.node_start(i) + cost;
-                let rides = self.joined_end(bytes).is_some();
+                let rides = self.joined_end(bytes).is_some_and(|(_, cheap)| cheap);
                 if !(self.policy.prefetch && fits && (stream_frees || rides) && ready) {
                     if let (Some(b), true) = (&self.open, self.policy.prefetch) {
                         tracing::debug!(
@@ -460,19 +462,19 @@ impl<'a> Walk<'a> {
     }
 
     /// When the open bucket would end with a gather of `bytes` in it, if the gather should
-    /// join it. Joining saves the gather its own collective (its latency, mostly) and costs
+    /// join it, and whether it is latency-bound (the second reason below). Joining saves the gather its own collective (its latency, mostly) and costs
     /// the members already in the bucket the time its bytes add. It joins when the bucket
     /// still ends by the time its first member is needed (nothing waits longer), or when
     /// what it adds to the bucket is less than what it saves (a latency-bound gather: the
     /// stream's total shrinks by about a collective's latency, and a member waits at most
     /// that much longer).
-    fn joined_end(&self, bytes: u64) -> Option<f64> {
+    fn joined_end(&self, bytes: u64) -> Option<(f64, bool)> {
         let b = self.open.as_ref().filter(|_| self.policy.bucketing)?;
         let end = b.start + self.collective(b.bytes.saturating_add(bytes));
         let separately = b.end + self.collective(bytes);
         let on_time = end <= b.end.max(b.first_need);
         let cheap = end - b.end < separately - end;
-        (end < separately && (on_time || cheap)).then_some(end)
+        (end < separately && (on_time || cheap)).then_some((end, cheap))
     }
 
     fn collective(&self, bytes: u64) -> f64 {
@@ -501,7 +503,7 @@ impl<'a> Walk<'a> {
             None => f64::INFINITY,
         };
         let alone = self.collective(bytes);
-        let joined = self.joined_end(bytes);
+        let joined = self.joined_end(bytes).map(|(end, _)| end);
         if let (Some(b), Some(end)) = (&mut self.open, joined) {
             b.end = end;
             b.bytes += bytes;
