@@ -112,6 +112,31 @@ fn small_gathers_issued_together_become_one_bucket() {
     }
 }
 
+/// Tiny weights and next to no compute: each gather's 20 µs of latency is the step, and the
+/// stream is busy past every node, so no gather would be issued ahead for the stream's sake.
+/// A gather whose bytes add less to the bucket than its own collective would cost rides in
+/// the bucket just issued instead: the twelve gathers take a few latencies, not twelve.
+#[test]
+fn latency_bound_gathers_ride_in_one_bucket_when_the_stream_is_busy() {
+    use zerosched_passes::checker::{CheckOptions, check_graph};
+    use zerosched_passes::simulate::{SimOptions, simulate_graph};
+    let g = inserted(mlp(12, 8, 0.001));
+    let step = |name: &str| {
+        let (s, r) = scheduled(&g, name, &ScheduleOptions::default()).expect("feasible");
+        check_graph(&s, &CheckOptions::default()).expect("the checker accepts it");
+        (
+            simulate_graph(&s, &SimOptions::default()).summary.step_ms,
+            r.buckets,
+        )
+    };
+    let (jit, _) = step("jit");
+    let (prefetch, buckets) = step("prefetch");
+    assert!(buckets >= 1);
+    // Twelve collectives of 0.02 ms each one by one; far fewer latencies coalesced.
+    assert!(jit > 12.0 * 0.02, "jit {jit}");
+    assert!(prefetch < 3.0 * 0.02, "prefetch {prefetch} ms");
+}
+
 #[test]
 fn schedules_are_deterministic() {
     let g = inserted(mlp(8, 32, 0.5));

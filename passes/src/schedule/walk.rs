@@ -399,9 +399,22 @@ impl<'a> Walk<'a> {
                         r.live.max(ahead.0, ahead.1).saturating_add(bytes) <= r.limit
                     });
                 // If the stream stays busy past the end of this node (its own waits included),
-                // issuing after it loses nothing and holds the memory for less time.
+                // issuing after it loses nothing and holds the memory for less time, unless
+                // it is latency-bound and can ride in the bucket just issued, which saves its
+                // own collective. (A large gather that would merely end on time is left for
+                // later: pulled in early it takes memory room a later gather needs.)
                 let stream_frees = self.t_comm < self.node_start(i) + cost;
-                if !(self.policy.prefetch && fits && stream_frees && ready) {
+                let rides = self.joined_end(bytes).is_some_and(|(_, cheap)| cheap);
+                if !(self.policy.prefetch && fits && (stream_frees || rides) && ready) {
+                    if let (Some(b), true) = (&self.open, self.policy.prefetch) {
+                        tracing::debug!(
+                            members = self.buckets.last().map_or(0, Vec::len),
+                            bytes = b.bytes,
+                            next = %self.g.node(gather).name,
+                            fits,
+                            "bucket closed: the next gather does not fit, or would delay the bucket more than it saves"
+                        );
+                    }
                     if self.policy.prefetch && !fits && self.held != Some(gather) {
                         self.held = Some(gather);
                         tracing::debug!(
@@ -427,13 +440,16 @@ impl<'a> Walk<'a> {
     }
 
     /// When spine node `i` can start: after the compute before it and after the gathers it
-    /// waits for, which are issued by the time anything later is considered. They are the
-    /// last issued entries of the first-need order.
+    /// waits for, which are issued by the time anything later is considered. The first-need
+    /// order is sorted by need, so they are one run of the issued entries, found by bisection
+    /// (gathers needed later may follow them, issued ahead in their bucket).
     fn node_start(&self, i: usize) -> f64 {
-        self.plan.fifo[..self.next]
+        let issued = &self.plan.fifo[..self.next];
+        let need = |g: &NodeId| self.plan.need_at[*g];
+        let from = issued.partition_point(|g| need(g) < i);
+        let to = issued.partition_point(|g| need(g) <= i);
+        issued[from..to.max(from)]
             .iter()
-            .rev()
-            .take_while(|&&g| self.plan.need_at[g] == i)
             .fold(self.t_compute, |t, &g| t.max(self.end_of[g]))
     }
 
@@ -443,6 +459,22 @@ impl<'a> Walk<'a> {
             .spine
             .get(i)
             .map_or("(end)", |&id| self.g.node(id).name.as_str())
+    }
+
+    /// When the open bucket would end with a gather of `bytes` in it, if the gather should
+    /// join it, and whether it is latency-bound (the second reason below). Joining saves the gather its own collective (its latency, mostly) and costs
+    /// the members already in the bucket the time its bytes add. It joins when the bucket
+    /// still ends by the time its first member is needed (nothing waits longer), or when
+    /// what it adds to the bucket is less than what it saves (a latency-bound gather: the
+    /// stream's total shrinks by about a collective's latency, and a member waits at most
+    /// that much longer).
+    fn joined_end(&self, bytes: u64) -> Option<(f64, bool)> {
+        let b = self.open.as_ref().filter(|_| self.policy.bucketing)?;
+        let end = b.start + self.collective(b.bytes.saturating_add(bytes));
+        let separately = b.end + self.collective(bytes);
+        let on_time = end <= b.end.max(b.first_need);
+        let cheap = end - b.end < separately - end;
+        (end < separately && (on_time || cheap)).then_some((end, cheap))
     }
 
     fn collective(&self, bytes: u64) -> f64 {
@@ -471,21 +503,11 @@ impl<'a> Walk<'a> {
             None => f64::INFINITY,
         };
         let alone = self.collective(bytes);
-        let fused = self.open.as_ref().map(|b| self.collective(b.bytes + bytes));
-        let joined = match (&mut self.open, fused, self.policy.bucketing) {
-            (Some(b), Some(fused), true) => {
-                let end = b.start + fused;
-                let separately = b.end + alone;
-                if end < separately && end <= b.end.max(b.first_need) {
-                    b.end = end;
-                    b.bytes += bytes;
-                    Some(end)
-                } else {
-                    None
-                }
-            }
-            _ => None,
-        };
+        let joined = self.joined_end(bytes).map(|(end, _)| end);
+        if let (Some(b), Some(end)) = (&mut self.open, joined) {
+            b.end = end;
+            b.bytes += bytes;
+        }
         let joined_open = joined.is_some();
         match joined {
             Some(end) => {
