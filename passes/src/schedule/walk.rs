@@ -316,6 +316,9 @@ struct Walk<'a> {
     needed: u64,
     /// Index into `plan.fifo` of the next gather to issue.
     next: usize,
+    /// The entries of `plan.fifo` needed at the spine node being issued for: from the first
+    /// whose need is not earlier to the first whose need is later. Both only move forward.
+    needed_here: (usize, usize),
     /// The gather last reported held back by the budget, so that it is reported once.
     held: Option<NodeId>,
     room: Option<Room>,
@@ -354,6 +357,7 @@ impl<'a> Walk<'a> {
             peak: resident,
             needed: 0,
             next: 0,
+            needed_here: (0, 0),
             held: None,
             room,
         }
@@ -378,6 +382,17 @@ impl<'a> Walk<'a> {
 
     /// Issues the gathers due before spine node `i` (cost `cost`).
     fn issue_gathers(&mut self, i: usize, cost: f64) {
+        let fifo = &self.plan.fifo;
+        let need = &self.plan.need_at;
+        let (mut lo, mut hi) = self.needed_here;
+        while fifo.get(lo).is_some_and(|&g| need[g] < i) {
+            lo += 1;
+        }
+        hi = hi.max(lo);
+        while fifo.get(hi).is_some_and(|&g| need[g] <= i) {
+            hi += 1;
+        }
+        self.needed_here = (lo, hi);
         while let Some(&gather) = self.plan.fifo.get(self.next) {
             if self.emitted[gather] {
                 self.next += 1;
@@ -403,8 +418,8 @@ impl<'a> Walk<'a> {
                 // it is latency-bound and can ride in the bucket just issued, which saves its
                 // own collective. (A large gather that would merely end on time is left for
                 // later: pulled in early it takes memory room a later gather needs.)
-                let stream_frees = self.t_comm < self.node_start(i) + cost;
-                let rides = self.joined_end(bytes).is_some_and(|(_, cheap)| cheap);
+                let stream_frees = self.t_comm < self.node_start() + cost;
+                let rides = !stream_frees && self.joined_end(bytes).is_some_and(|(_, cheap)| cheap);
                 if !(self.policy.prefetch && fits && (stream_frees || rides) && ready) {
                     if let (Some(b), true) = (&self.open, self.policy.prefetch) {
                         tracing::debug!(
@@ -439,16 +454,12 @@ impl<'a> Walk<'a> {
         }
     }
 
-    /// When spine node `i` can start: after the compute before it and after the gathers it
-    /// waits for, which are issued by the time anything later is considered. The first-need
-    /// order is sorted by need, so they are one run of the issued entries, found by bisection
-    /// (gathers needed later may follow them, issued ahead in their bucket).
-    fn node_start(&self, i: usize) -> f64 {
-        let issued = &self.plan.fifo[..self.next];
-        let need = |g: &NodeId| self.plan.need_at[*g];
-        let from = issued.partition_point(|g| need(g) < i);
-        let to = issued.partition_point(|g| need(g) <= i);
-        issued[from..to.max(from)]
+    /// When the spine node being issued for can start: after the compute before it and after
+    /// the gathers it waits for that are issued by now (gathers needed later may follow them
+    /// in the first-need order, issued ahead in their bucket).
+    fn node_start(&self) -> f64 {
+        let (lo, hi) = self.needed_here;
+        self.plan.fifo[lo..hi.min(self.next).max(lo)]
             .iter()
             .fold(self.t_compute, |t, &g| t.max(self.end_of[g]))
     }
