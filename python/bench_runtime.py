@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import statistics
 import tempfile
 import time
@@ -41,7 +42,7 @@ MODELS = {
 
 def _measure(name: str, args) -> dict:
     import zerosched
-    from zerosched import compiler, models, runtime
+    from zerosched import compiler, models
 
     spec = models.ModelSpec(**MODELS[name], batch=args.micro_batch, dtype=args.dtype)
     model, _ = models.build(spec)
@@ -71,8 +72,7 @@ def _measure(name: str, args) -> dict:
             losses.append(step())
             times.append(time.perf_counter() - t)
     finally:
-        for n, fn in saved.items():
-            setattr(runtime, n, fn)
+        _untime_runtime(saved)
     ops = {}
     for op, ts in sorted(calls.items()):
         ops[op] = {"calls_per_step": len(ts) / args.steps, "host_us_median": statistics.median(ts) * 1e6,
@@ -89,6 +89,8 @@ def _measure(name: str, args) -> dict:
 def _time_runtime(calls: dict[str, list[float]]) -> dict:
     """Wraps the runtime functions the ops call with timers (the ops look them up at each call);
     returns the originals.  A gather of several parameters is the op ``allgather_bucket``."""
+    from zerosched import runtime
+
     saved = {n: getattr(runtime, n) for n in ("gather", "wait", "release", "reduce_grad", "end_backward")}
 
     def timed(name, fn):
@@ -105,6 +107,13 @@ def _time_runtime(calls: dict[str, list[float]]) -> dict:
     for n, fn in saved.items():
         setattr(runtime, n, timed(n, fn))
     return saved
+
+
+def _untime_runtime(saved: dict) -> None:
+    from zerosched import runtime
+
+    for n, fn in saved.items():
+        setattr(runtime, n, fn)
 
 
 def _worker(rank: int, world: int, store: str, args, results) -> None:
@@ -128,7 +137,17 @@ def _run(world: int, args) -> list[dict]:
     procs = [ctx.Process(target=_worker, args=(r, world, store, args, results)) for r in range(world)]
     for p in procs:
         p.start()
-    recs = [results.get(timeout=args.timeout) for _ in args.models]
+    recs = []
+    deadline = time.monotonic() + args.timeout * len(args.models)
+    while len(recs) < len(args.models):
+        try:
+            recs.append(results.get(timeout=5))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise SystemExit(f"a rank exited with {dead[0]}" if dead else "timed out") from None
     for p in procs:
         p.join()
         if p.exitcode:
