@@ -10,6 +10,7 @@ import torch.distributed as dist
 import zerosched
 from train_cases import BUCKETING_COST
 from zerosched import compiler as zb
+from zerosched import runtime
 
 
 class MLP(torch.nn.Module):
@@ -135,12 +136,14 @@ def collectives_under_the_python_dispatcher() -> dict:
     """Counts the collectives a compiled step issues (the schedule check's included), and those
     issued with the Python dispatcher on: their kernel then runs holding the GIL, which gloo's
     worker thread may need before it lets the enqueue proceed."""
-    counts = {"all": 0, "python_dispatcher": 0}
-    wrapped = {n: getattr(dist, n) for n in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")}
+    counts = {"all_reduce": 0, "_all_gather": 0, "_reduce_scatter": 0, "_all_reduce": 0, "python_dispatcher": 0}
+    # The schedule check's all-reduces, and the runtime's gathers and reductions.
+    wrapped = [(dist, "all_reduce"), (runtime, "_all_gather"), (runtime, "_reduce_scatter"), (runtime, "_all_reduce")]
+    originals = [getattr(m, n) for m, n in wrapped]
 
-    def counting(fn):
+    def counting(name, fn):
         def call(*args, **kwargs):
-            counts["all"] += 1
+            counts[name] += 1
             counts["python_dispatcher"] += torch._C._dispatch_tls_is_dispatch_key_included(
                 torch._C.DispatchKey.PythonDispatcher)
             return fn(*args, **kwargs)
@@ -149,12 +152,12 @@ def collectives_under_the_python_dispatcher() -> dict:
     torch.manual_seed(0)
     model = MLP(28)  # a width no other case uses: both graphs are scheduled and checked
     h = zerosched.shard(model)
-    for n, fn in wrapped.items():
-        setattr(dist, n, counting(fn))
+    for (m, n), fn in zip(wrapped, originals):
+        setattr(m, n, counting(n, fn))
     try:
         _run(model, zerosched.backend(debug=True))
     finally:
-        for n, fn in wrapped.items():
-            setattr(dist, n, fn)
+        for (m, n), fn in zip(wrapped, originals):
+            setattr(m, n, fn)
         h.close()
     return counts

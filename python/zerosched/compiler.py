@@ -9,6 +9,7 @@ inner compiler (eager FX, or Inductor).  docs/python.md describes it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import time
@@ -27,16 +28,21 @@ INNER = ("eager", "inductor")
 class Stats:
     """Seconds spent in zerosched by the backends of this process, and graphs compiled:
     export (FX graph to fx-graph v1 bytes), schedule (the Rust core), rebuild (parsing the
-    scheduled document and building the FX graph)."""
+    scheduled document and building the FX graph), and, with ``inner="inductor"``, the fake
+    tensor propagation over the rebuilt graph that Inductor needs (``fake_prop_s``) and Inductor's
+    compile of it (``inductor_s``: not zerosched's own time)."""
 
     export_s: float = 0.0
     schedule_s: float = 0.0
     rebuild_s: float = 0.0
+    fake_prop_s: float = 0.0
+    inductor_s: float = 0.0
     graphs: int = 0
     cache_hits: int = 0
 
     def total_s(self) -> float:
-        return self.export_s + self.schedule_s + self.rebuild_s
+        """zerosched's own seconds (Inductor's compile left out)."""
+        return self.export_s + self.schedule_s + self.rebuild_s + self.fake_prop_s
 
 
 STATS = Stats()
@@ -173,11 +179,18 @@ def _partition(param_inputs: list[int]) -> Callable:
 
 def _decompositions(inner: str) -> dict:
     """Inductor lowers the graphs it is given only after its own decompositions; the eager
-    inner compiler gets the exporter's (core ATen)."""
+    inner compiler gets the exporter's (core ATen), built once per process (it took 0.65 s at
+    every compiled graph, and a model with graph breaks compiles many); each caller gets its own
+    copy.  Inductor's table follows its config, so it is looked up each time (a cheap call)."""
     if inner == "inductor":
         from torch._inductor.decomposition import select_decomp_table
 
         return select_decomp_table()
+    return dict(_core_decompositions())
+
+
+@functools.cache
+def _core_decompositions() -> dict:
     return export.default_decompositions()
 
 
@@ -236,6 +249,8 @@ def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: l
         from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
         FakeTensorProp(new_gm, detect_fake_mode(ex)).propagate_dont_convert_inputs(*ex)
+        t4 = time.perf_counter()
+        STATS.fake_prop_s += t4 - t3
         # A release frees its gathered buffer's storage where Inductor cannot see it: Inductor must
         # not hand that buffer to a later kernel (the caching allocator still recycles the memory).
         # Inductor's reordering for peak memory moves gathers ahead of releases that the schedule
@@ -245,7 +260,9 @@ def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: l
         # persistence, which its key does not hold (a graph compiled on one rank was reused on two).
         with inductor_config.patch(allow_buffer_reuse=False, inplace_buffers=False, reorder_for_peak_memory=False,
                                    fx_graph_cache=False):
-            return compile_fx_inner(new_gm, ex, is_backward=kind == "backward", is_inference=kind == "inference")
+            compiled = compile_fx_inner(new_gm, ex, is_backward=kind == "backward", is_inference=kind == "inference")
+        STATS.inductor_s += time.perf_counter() - t4
+        return compiled
     from functorch.compile import make_boxed_func
 
     return make_boxed_func(new_gm.forward)

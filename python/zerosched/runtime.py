@@ -62,8 +62,15 @@ class Runtime:
     def __init__(self) -> None:
         self.params: dict[str, ShardedParam] = {}
         self.by_param: dict[int, ShardedParam] = {}  # id of the model's parameter -> its entry
-        self.gathers: dict[str, tuple[dist.Work | None, torch.Tensor]] = {}  # in flight, per parameter
-        self.reductions: list[tuple[dist.Work | None, ShardedParam, torch.Tensor]] = []
+        self.gathers: dict[str, tuple[_InFlight, torch.Tensor]] = {}  # in flight, per parameter
+        # Gradients queued by reduce_grad (entry, gradient, output), not yet issued, and their bytes.
+        self.queued: list[tuple[ShardedParam, torch.Tensor, torch.Tensor]] = []
+        self.queued_bytes = 0
+        #: Gradient bytes queued before their reductions are issued as one collective: a
+        #: backward holds up to this much more than the simulator counts (each gradient freed at
+        #: its reduce_grad); 0 issues every reduction on its own.
+        self.reduce_bucket_bytes = 64 << 20
+        self.reductions: list[_Reduction] = []  # issued, oldest first, not yet accumulated
         self.gathered_bytes = 0  # gathered by compiled graphs and not yet released
         self.peak_gathered_bytes = 0
         self.live: dict[int, tuple[str, int]] = {}  # data_ptr of a gathered buffer -> (name, bytes)
@@ -138,7 +145,9 @@ class ShardedModel:
             RUNTIME.gathers.pop(e.name, None)
         for ptr in [p for p, (n, _) in RUNTIME.live.items() if n in names]:
             RUNTIME.gathered_bytes -= RUNTIME.live.pop(ptr)[1]
-        RUNTIME.reductions = [r for r in RUNTIME.reductions if r[1].name not in names]
+        RUNTIME.queued = [q for q in RUNTIME.queued if q[0].name not in names]
+        RUNTIME.queued_bytes = sum(g.numel() * g.element_size() for _, g, _ in RUNTIME.queued)
+        RUNTIME.reductions = [r for r in RUNTIME.reductions if all(e.name not in names for e in r.entries)]
 
 
 def shard(model: torch.nn.Module, group: dist.ProcessGroup | None = None,
@@ -211,6 +220,13 @@ def _clear_stepped_shards(optimizer: torch.optim.Optimizer, args, kwargs) -> Non
 # --------------------------------------------------------------------------------------------
 # collectives
 # --------------------------------------------------------------------------------------------
+#
+# Host time per inserted op is most of a small model's step (docs/training-benchmark.md,
+# "Host overhead"), so the paths below issue each bucket of collectives as one call on the
+# process group (no per-tensor pass through torch.distributed's Python wrappers), switch to the
+# side stream once per bucket, and avoid record_stream: every buffer a collective touches is
+# allocated on the compute stream and referenced by the runtime until the compute stream has
+# waited for that collective, so the caching allocator cannot hand it out early.
 
 
 def _comm_stream(device: torch.device) -> contextlib.AbstractContextManager:
@@ -233,66 +249,97 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return stream
 
 
-def _join(work: dist.Work | None, t: torch.Tensor) -> None:
-    """Makes the compute stream wait for ``work`` and tells the caching allocator that ``t``,
-    allocated on the side stream, is used on the compute stream.  The wait is on the work's own
-    completion (NCCL's ``wait`` makes the current stream wait for its end event), never on the
-    whole side stream, which by then holds the gathers prefetched after this one."""
-    if work is not None:
-        work.wait()
-    if t.is_cuda:
-        t.record_stream(torch.cuda.current_stream(t.device))
+def _process_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    return group if group is not None else dist.distributed_c10d._get_default_group()
 
 
-def _flat_source(e: ShardedParam, dtype: torch.dtype) -> torch.Tensor:
-    s = e.shard.detach()
-    return s if s.dtype == dtype else s.to(dtype)
+# The collectives the runtime issues, each over a list of tensors in one call (the tests wrap
+# these three to count them).
+
+
+def _all_gather(group: dist.ProcessGroup | None, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> dist.Work:
+    return _process_group(group).allgather_into_tensor_coalesced(outs, ins)
+
+
+def _reduce_scatter(group: dist.ProcessGroup | None, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> dist.Work:
+    opts = dist.ReduceScatterOptions()
+    opts.reduceOp = dist.ReduceOp.SUM  # gloo has no averaging reduction: _accumulate divides
+    return _process_group(group).reduce_scatter_tensor_coalesced(outs, ins, opts)
+
+
+def _all_reduce(group: dist.ProcessGroup | None, tensors: list[torch.Tensor]) -> dist.Work:
+    opts = dist.AllreduceCoalescedOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    return _process_group(group).allreduce_coalesced(tensors, opts)
+
+
+class _InFlight:
+    """One collective in flight, shared by the members of its bucket: the first member's wait
+    joins it, the others find it joined."""
+
+    __slots__ = ("work",)
+
+    def __init__(self, work: dist.Work) -> None:
+        self.work: dist.Work | None = work
+
+    def join(self) -> None:
+        if self.work is not None:
+            self.work.wait()  # NCCL: the current stream waits for the collective's end event
+            self.work = None
 
 
 def _count_alloc(name: str, buf: torch.Tensor, nbytes: int) -> None:
-    RUNTIME.live[buf.untyped_storage().data_ptr()] = (name, nbytes)
+    RUNTIME.live[buf.data_ptr()] = (name, nbytes)
     RUNTIME.gathered_bytes += nbytes
-    RUNTIME.peak_gathered_bytes = max(RUNTIME.peak_gathered_bytes, RUNTIME.gathered_bytes)
+    if RUNTIME.gathered_bytes > RUNTIME.peak_gathered_bytes:
+        RUNTIME.peak_gathered_bytes = RUNTIME.gathered_bytes
 
 
 def gather(names: list[str], dtype: torch.dtype | None) -> list[torch.Tensor]:
     """Issues the all-gathers of ``names`` as one coalesced collective; returns the full
     parameters (their buffers are filled once :func:`wait` returns)."""
-    entries = [RUNTIME.entry(n) for n in names]
-    outs, pairs = [], []
-    for e in entries:
+    rt = RUNTIME
+    outs, bufs, srcs, entries = [], [], [], []
+    for name in names:
+        e = rt.params.get(name) or rt.entry(name)
         if e.persistent:
             raise ZeroschedError(f"parameter `{e.name}` is persistent (unsharded): nothing to gather")
-        if e.name in RUNTIME.gathers:
+        if name in rt.gathers:
             raise ZeroschedError(f"parameter `{e.name}` is gathered twice without a wait in between")
+        src = e.shard.detach()
         dt = dtype or e.param.dtype
-        buf = torch.empty(e.padded, dtype=dt, device=e.shard.device)
-        outs.append(buf[: e.numel].view(e.param.shape).detach())  # not an autograd view of buf
-        pairs.append((e, buf, _flat_source(e, dt)))
-    group = entries[0].group if entries else None
-    with _comm_stream(entries[0].shard.device if entries else torch.device("cpu")):
-        if len(pairs) == 1:
-            e, buf, src = pairs[0]
-            works: list[dist.Work | None] = [dist.all_gather_into_tensor(buf, src, group=group, async_op=True)]
+        if src.dtype != dt:
+            src = src.to(dt)
+        if e.padded == e.numel:  # no padding: the buffer is the parameter
+            out = torch.empty(e.param.shape, dtype=dt, device=src.device)
+            buf = out.view(-1)
         else:
-            with dist._coalescing_manager(group=group, async_ops=True) as cm:
-                for e, buf, src in pairs:
-                    dist.all_gather_into_tensor(buf, src, group=group)
-            works = [cm] * len(pairs)  # every member's wait waits for the whole bucket
-            RUNTIME.coalesced_gathers += 1
-    for (e, buf, _), work, out in zip(pairs, works, outs):
-        RUNTIME.gathers[e.name] = (work, out)
+            buf = torch.empty(e.padded, dtype=dt, device=src.device)
+            out = buf[: e.numel].view(e.param.shape)
+        outs.append(out)
+        bufs.append(buf)
+        srcs.append(src)
+        entries.append(e)
+    if not entries:
+        return outs
+    with _comm_stream(srcs[0].device):
+        flight = _InFlight(_all_gather(entries[0].group, bufs, srcs))
+    if len(entries) > 1:
+        rt.coalesced_gathers += 1
+    for e, buf, out in zip(entries, bufs, outs):
+        rt.gathers[e.name] = (flight, out)
         _count_alloc(e.name, buf, buf.numel() * buf.element_size())
     return outs
 
 
 def wait(name: str) -> None:
-    """The compute stream waits for the gather of ``name`` (or of its whole bucket)."""
+    """The compute stream waits for the gather of ``name`` (or of its whole bucket: the bucket's
+    first wait joins the collective, the others return at once)."""
     try:
-        work, out = RUNTIME.gathers.pop(name)
+        flight, _ = RUNTIME.gathers.pop(name)
     except KeyError:
         raise ZeroschedError(f"wait for parameter `{name}`, which has no gather in flight") from None
-    _join(work, out)
+    flight.join()
 
 
 def release(name: str, value: torch.Tensor) -> None:
@@ -300,38 +347,77 @@ def release(name: str, value: torch.Tensor) -> None:
     storage = value.untyped_storage()
     held = RUNTIME.live.pop(storage.data_ptr(), None)
     if held is None or held[0] != name:
+        if held is not None:
+            RUNTIME.live[storage.data_ptr()] = held
         raise ZeroschedError(f"release of parameter `{name}`: the value is not its gathered buffer")
     RUNTIME.gathered_bytes -= held[1]
     storage.resize_(0)
 
 
+@dataclasses.dataclass(eq=False)
+class _Reduction:
+    """A bucket of gradient reductions issued as one collective (two where it holds persistent
+    parameters too): its inputs are kept until the compute stream has joined it."""
+
+    flights: list[_InFlight]
+    entries: list[ShardedParam]
+    outs: list[torch.Tensor]
+    inputs: list[torch.Tensor]
+
+    def completed(self) -> bool:
+        return all(f.work is None or f.work.is_completed() for f in self.flights)
+
+
 def reduce_grad(name: str, grad: torch.Tensor) -> torch.Tensor:
-    """Issues the gradient's reduction (a reduce-scatter into the shard's slice, or an
-    all-reduce for a persistent parameter); :func:`end_backward` waits for it and averages it
-    into the shard's ``.grad``.
+    """Queues the gradient's reduction (a reduce-scatter into the shard's slice, or an
+    all-reduce for a persistent parameter) and returns the buffer it lands in.  The queue is
+    issued as one coalesced collective once it holds ``RUNTIME.reduce_bucket_bytes`` of
+    gradients (or at :func:`end_backward`); :func:`end_backward` waits for every reduction and
+    averages it into the shard's ``.grad``.
 
     The parameter decides which, not the op's ``sharded`` flag: a backward graph that does not
     read a persistent parameter has no entry saying so, and the scheduler then takes it for
     sharded."""
-    e = RUNTIME.entry(name)
-    if grad.is_cuda:  # the side stream reads it after the graph may have dropped it
-        grad.record_stream(_side_stream(grad.device))
-    with _comm_stream(grad.device):
-        if not e.persistent:
-            out = torch.empty(e.chunk, dtype=grad.dtype, device=grad.device)
-            work = dist.reduce_scatter_tensor(out, _padded_flat(e, grad), group=e.group, async_op=True)
-        else:
-            out = grad.detach().clone()
-            work = dist.all_reduce(out, group=e.group, async_op=True)
-    _accumulate_completed()
-    RUNTIME.reductions.append((work, e, out))
+    rt = RUNTIME
+    e = rt.params.get(name) or rt.entry(name)
+    if rt.queued and rt.queued[0][0].group is not e.group:
+        _issue_queued()
+    if e.persistent:
+        out = grad.detach().clone()  # all-reduced in place
+    else:
+        out = torch.empty(e.chunk, dtype=grad.dtype, device=grad.device)
+    rt.queued.append((e, grad.detach(), out))
+    rt.queued_bytes += grad.numel() * grad.element_size()
+    if rt.queued_bytes >= rt.reduce_bucket_bytes:
+        _issue_queued()
+        _accumulate_completed()
     return out
+
+
+def _issue_queued() -> None:
+    """Issues the queued reductions: one reduce-scatter of the sharded parameters' gradients,
+    one all-reduce of the persistent ones'."""
+    rt = RUNTIME
+    queued, rt.queued, rt.queued_bytes = rt.queued, [], 0
+    if not queued:
+        return
+    group = queued[0][0].group
+    sharded = [(e, _padded_flat(e, g), out) for e, g, out in queued if not e.persistent]
+    persistent = [out for e, _, out in queued if e.persistent]
+    flights = []
+    with _comm_stream(queued[0][1].device):
+        if sharded:
+            flights.append(_InFlight(_reduce_scatter(group, [o for _, _, o in sharded], [i for _, i, _ in sharded])))
+        if persistent:
+            flights.append(_InFlight(_all_reduce(group, persistent)))
+    rt.reductions.append(_Reduction(flights, [e for e, _, _ in queued], [o for _, _, o in queued],
+                                    [i for _, i, _ in sharded]))
 
 
 def _padded_flat(e: ShardedParam, grad: torch.Tensor) -> torch.Tensor:
     """The gradient flattened to the padded length the reduce-scatter splits; a copy only where
     there is padding to add."""
-    flat = grad.detach().reshape(-1)
+    flat = grad.reshape(-1)
     if e.padded == e.numel:
         return flat
     padded = flat.new_zeros(e.padded)
@@ -340,45 +426,51 @@ def _padded_flat(e: ShardedParam, grad: torch.Tensor) -> torch.Tensor:
 
 
 def _accumulate_completed() -> None:
-    """Accumulates the reductions in flight that have completed, oldest first, so that each one's
-    input (the whole gradient) is dropped during the backward rather than held to its end."""
-    done = 0
-    for work, _, _ in RUNTIME.reductions:
-        if work is not None and not work.is_completed():
-            break
-        done += 1
-    finished, RUNTIME.reductions = RUNTIME.reductions[:done], RUNTIME.reductions[done:]
-    for work, e, out in finished:
-        _join(work, out)
-        _accumulate(e, out)
+    """Accumulates the reductions in flight that have completed, oldest first, so that their
+    inputs (the whole gradients) are dropped during the backward rather than held to its end."""
+    rt = RUNTIME
+    while rt.reductions and rt.reductions[0].completed():
+        _accumulate(rt.reductions.pop(0))
 
 
 def end_backward() -> None:
-    """Waits for every reduction in flight and averages each into its shard's ``.grad``."""
+    """Issues the queued reductions, waits for every reduction in flight and averages each into
+    its shard's ``.grad``."""
+    _issue_queued()
     pending, RUNTIME.reductions = RUNTIME.reductions, []
-    for work, e, out in pending:
-        _join(work, out)
-        _accumulate(e, out)
+    for r in pending:
+        _accumulate(r)
     _release_fallback_after_backward()
 
 
-def _accumulate(e: ShardedParam, summed: torch.Tensor) -> None:
-    # Gloo has no averaging reduction: sum, then divide (in place: the sum is ours).
-    if e.world_size > 1:
-        summed.div_(e.world_size)
-    g = summed.to(e.shard.dtype).view(e.shard.shape)
-    with torch.no_grad():
+def _accumulate(r: _Reduction) -> None:
+    for f in r.flights:
+        f.join()
+    world = r.entries[0].world_size
+    if world > 1:  # sums (gloo has no averaging reduction): average in place, the sums are ours
+        torch._foreach_div_(r.outs, world)
+    # Each slice has its shard's shape: (chunk,) for a sharded parameter, the parameter's own
+    # for a persistent one.
+    new, into, adds = [], [], []
+    for e, out in zip(r.entries, r.outs):
+        g = out if out.dtype == e.shard.dtype else out.to(e.shard.dtype)
         if e.shard.grad is None:
-            e.shard.grad = g
+            new.append((e, g))
         else:
-            e.shard.grad.add_(g)
+            into.append(e.shard.grad)
+            adds.append(g)
+    with torch.no_grad():
+        for e, g in new:
+            e.shard.grad = g
+        if adds:
+            torch._foreach_add_(into, adds)
 
 
 def _gather_sync(e: ShardedParam) -> torch.Tensor:
     if e.persistent:
         return e.param.detach().clone()
     buf = torch.empty(e.padded, dtype=e.param.dtype, device=e.shard.device)
-    dist.all_gather_into_tensor(buf, e.shard.detach(), group=e.group)
+    _all_gather(e.group, [buf], [e.shard.detach()]).wait()
     return buf[: e.numel].view(e.param.shape)
 
 
@@ -426,7 +518,7 @@ def _fallback_gather(e: ShardedParam) -> None:
     storage = e.param.untyped_storage()
     storage.resize_(e.padded * e.param.element_size())
     flat = torch.empty(0, dtype=e.param.dtype, device=e.param.device).set_(storage, 0, (e.padded,))
-    dist.all_gather_into_tensor(flat, e.shard.detach(), group=e.group)
+    _all_gather(e.group, [flat], [e.shard.detach()]).wait()
     RUNTIME.fallback.add(e.name)
     RUNTIME.fallback_gathers += 1
 
@@ -436,9 +528,10 @@ def _post_accumulate(e: ShardedParam):
         if param.grad is None:
             return
         out = torch.empty(e.chunk, dtype=param.grad.dtype, device=param.grad.device)
-        dist.reduce_scatter_tensor(out, _padded_flat(e, param.grad), group=e.group)
+        flat = _padded_flat(e, param.grad.detach())
+        flight = _InFlight(_reduce_scatter(e.group, [out], [flat]))
         param.grad = None
-        _accumulate(e, out)
+        _accumulate(_Reduction([flight], [e], [out], [flat]))
         if e.name in RUNTIME.fallback:
             RUNTIME.fallback.discard(e.name)
             param.untyped_storage().resize_(0)
