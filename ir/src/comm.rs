@@ -192,6 +192,17 @@ pub fn gather_dtype(node: &Node) -> Option<Dtype> {
     }
 }
 
+/// What the members of one bucket must agree on: the dtype each is cast to before gathering
+/// (its `dtype` keyword) and the dtype of the gathered value (its `meta.val`). A coalesced
+/// collective moves one flat buffer of one dtype.
+pub fn bucket_dtypes(node: &Node) -> (Option<Dtype>, Option<Dtype>) {
+    let gathered = match &node.meta.val {
+        Some(crate::Val::Tensor(v)) => Some(v.dtype),
+        _ => None,
+    };
+    (gather_dtype(node), gathered)
+}
+
 /// The nodes a release waits for (its `after` keyword).
 pub fn release_after(node: &Node) -> Vec<NodeId> {
     let mut out = Vec::new();

@@ -854,6 +854,29 @@ fn checks_bucket_adjacency() {
 }
 
 #[test]
+fn checks_bucket_dtypes() {
+    let mut g = scheduled(moe(), "jit");
+    let a = find(&g, comm::ALLGATHER, "moe.experts.0.weight");
+    let b = find(&g, comm::ALLGATHER, "moe.experts.1.weight");
+    set_kwarg(&mut g, a, "bucket", Arg::Int(7));
+    set_kwarg(&mut g, b, "bucket", Arg::Int(7));
+    move_after(&mut g, b, a);
+    assert_eq!(accept(&g, u64::MAX).buckets, 1);
+    // One coalesced collective moves one dtype: a member cast to bf16 cannot join f32 ones.
+    set_kwarg(&mut g, b, "dtype", Arg::Dtype(Dtype::BFloat16));
+    let v = reject(&g, u64::MAX);
+    let (an, bn) = (name(&g, a), name(&g, b));
+    assert!(
+        v.at_node(
+            &bn,
+            |x| matches!(x, Violation::BucketMixedDtype { bucket: 7, first, .. } if *first == an)
+        ),
+        "{v}"
+    );
+    assert_eq!(v.0.len(), 1, "{v}");
+}
+
+#[test]
 fn rejects_one_byte_over_budget() {
     let g = scheduled(moe(), "prefetch");
     let peak = accept(&g, u64::MAX).peak_gathered;

@@ -137,6 +137,40 @@ fn latency_bound_gathers_ride_in_one_bucket_when_the_stream_is_busy() {
     assert!(prefetch < 3.0 * 0.02, "prefetch {prefetch} ms");
 }
 
+/// The same latency-bound layers, the first half's gathers cast to bf16 (as under autocast,
+/// where norms stay f32): gathers coalesce within each dtype, never across.
+#[test]
+fn buckets_never_mix_dtypes() {
+    use zerosched_ir::comm::{self, kw};
+    use zerosched_ir::{Arg, Dtype};
+    use zerosched_passes::checker::{CheckOptions, check_graph};
+    let mut g = inserted(mlp(12, 8, 0.001));
+    for l in 0..6 {
+        let id = g
+            .node_by_name(&format!("allgather_layers_{l}_weight"))
+            .expect("a gather per layer");
+        let n = g.node(id);
+        let (args, mut kwargs) = (n.args.clone(), n.kwargs.clone());
+        kwargs.insert(kw::DTYPE, Arg::Dtype(Dtype::BFloat16));
+        g.set_args(id, args, kwargs).expect("valid keywords");
+    }
+    let (s, r) = scheduled(&g, "prefetch", &ScheduleOptions::default()).expect("feasible");
+    check_graph(&s, &CheckOptions::default()).expect("the checker accepts it");
+    assert!(r.buckets >= 2, "each half coalesces: {} buckets", r.buckets);
+    let mut dtypes = std::collections::BTreeMap::new();
+    for (_, n) in s.nodes() {
+        if let Some(b) = ops::bucket(n) {
+            dtypes
+                .entry(b)
+                .or_insert_with(BTreeSet::new)
+                .insert(format!("{:?}", comm::gather_dtype(n)));
+        }
+    }
+    for (b, d) in dtypes {
+        assert_eq!(d.len(), 1, "bucket {b} mixes {d:?}");
+    }
+}
+
 #[test]
 fn schedules_are_deterministic() {
     let g = inserted(mlp(8, 32, 0.5));

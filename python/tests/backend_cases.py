@@ -32,13 +32,15 @@ def _run(model: torch.nn.Module, backend) -> None:
 
 
 def disagreeing_ranks() -> str:
-    """Rank 0 schedules with a cost model that coalesces gathers, rank 1 with the default one."""
+    """Rank 0 prefetches with a cost model that coalesces gathers, rank 1 gathers just in time."""
     torch.manual_seed(0)
     model = MLP(16)
     h = zerosched.shard(model)
-    cost = BUCKETING_COST if dist.get_rank() == 0 else None
+    first = dist.get_rank() == 0
+    backend = zerosched.backend(scheduler="prefetch" if first else "jit", cost=BUCKETING_COST if first else None,
+                                debug=True)
     try:
-        _run(model, zerosched.backend(cost=cost, debug=True))
+        _run(model, backend)
     except torch._dynamo.exc.BackendCompilerFailed as e:  # the forward graph's compilation
         return str(e.inner_exception)
     except zerosched.ZeroschedError as e:  # the backward graph's, which AOTAutograd runs lazily

@@ -14,8 +14,9 @@ RTOL = 1e-5
 BUDGET = 256 * 1024  # bytes of gathered parameters per graph; the largest parameter is 64 KiB
 
 
-# Two cases per model use a cost model under which gathers are coalesced into buckets
-# (zerosched.allgather_bucket), the others the default one.  GPT-2 keeps its parameters of at
+# Two cases per model use a cost model of slow compute and a large collective latency, under
+# which gathers are coalesced into buckets (zerosched.allgather_bucket) for certain; the others
+# use the default one, under which these tiny latency-bound gathers may coalesce as well.  GPT-2 keeps its parameters of at
 # most 256 elements whole (biases, norms: persistent, their gradients all-reduced); the others
 # shard every parameter.
 CASES = [
@@ -58,7 +59,8 @@ def test_training_matches_the_unsharded_eager_run(ranks, model, inner, cost, per
         assert r["bytes_between"] == [0] * train_cases.STEPS
         assert r["model_grads"] == [[]] * train_cases.STEPS
         assert 0 < r["peak"] <= BUDGET
-        assert (r["buckets"] > 0) == (cost is not None)
+        if cost is not None:
+            assert r["buckets"] > 0
         assert (r["persistent"] > 0) == (persistence > 0)
         assert r["fallback_after_forward"] == [FALLBACK.get(model, [])] * train_cases.STEPS
         assert r["fallback_between"] == [[]] * train_cases.STEPS

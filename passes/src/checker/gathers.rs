@@ -7,7 +7,7 @@ use super::storage::{self, Storage};
 use super::{Ctx, Violation};
 use std::collections::BTreeMap;
 use zerosched_ir::comm::{self, CommOp};
-use zerosched_ir::{GraphKind, Node, NodeId, Op, SideTable};
+use zerosched_ir::{Dtype, GraphKind, Node, NodeId, Op, SideTable};
 
 pub(super) struct Gather {
     /// The all-gather or reuse.
@@ -292,6 +292,21 @@ fn buckets(cx: &mut Ctx, list: &[Gather]) -> usize {
     }
     // `list` is in program order, so each bucket's members are too.
     for (&bucket, ids) in &members {
+        if let Some((&first, rest)) = ids.split_first() {
+            let expected = comm::bucket_dtypes(cx.g.node(first));
+            for &m in rest {
+                let found = comm::bucket_dtypes(cx.g.node(m));
+                if found != expected {
+                    let violation = Violation::BucketMixedDtype {
+                        bucket,
+                        first: cx.name(first),
+                        expected: describe_dtypes(expected),
+                        found: describe_dtypes(found),
+                    };
+                    cx.at(m, violation);
+                }
+            }
+        }
         for pair in ids.windows(2) {
             let (prev, next) = (pair[0], pair[1]);
             let after_prev = cx.pos(prev).saturating_add(1);
@@ -311,6 +326,15 @@ fn buckets(cx: &mut Ctx, list: &[Gather]) -> usize {
         }
     }
     members.len()
+}
+
+/// `bf16 (cast)` or `f32`, for a bucket's dtype violation.
+fn describe_dtypes((cast, gathered): (Option<Dtype>, Option<Dtype>)) -> String {
+    let name = |d: Option<Dtype>| d.map_or("an unknown dtype", Dtype::name);
+    match cast {
+        Some(c) => format!("{} (cast)", name(Some(c))),
+        None => name(gathered).to_owned(),
+    }
 }
 
 fn first_ref(n: &Node) -> Option<NodeId> {

@@ -61,6 +61,14 @@ pub enum Violation {
         between: String,
     },
 
+    #[error("bucket {bucket} member gathers {found}, but member `{first}` gathers {expected}")]
+    BucketMixedDtype {
+        bucket: i64,
+        first: String,
+        expected: String,
+        found: String,
+    },
+
     #[error("reuse carries `bucket` {bucket}; a reuse issues no collective and has no bucket")]
     BucketOnReuse { bucket: i64 },
 

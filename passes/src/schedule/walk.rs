@@ -17,7 +17,7 @@ use crate::cost::Collective;
 use crate::max_add::MaxAdd;
 use crate::ops::{self, CommOp};
 use crate::per_node::{self, PerNode};
-use zerosched_ir::{Arg, Graph, NodeId, Op, Problem, SideTable};
+use zerosched_ir::{Arg, Dtype, Graph, NodeId, Op, Problem, SideTable};
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Policy {
@@ -129,6 +129,8 @@ pub(super) struct Plan {
     /// The gather each node's storage belongs to, for releases and waits.
     gather_of: SideTable<Option<NodeId>>,
     bytes: SideTable<u64>,
+    /// What a gather's bucket-mates must share ([`zerosched_ir::comm::bucket_dtypes`]).
+    dtypes: SideTable<(Option<Dtype>, Option<Dtype>)>,
     /// Reuses of buffers an earlier graph kept: resident from the start, no communication.
     resident: SideTable<bool>,
     /// Distinct inputs of each eager node.
@@ -158,6 +160,7 @@ impl Plan {
             need_at: SideTable::new(g, usize::MAX),
             gather_of: SideTable::new(g, None),
             bytes: SideTable::new(g, 0),
+            dtypes: SideTable::new(g, (None, None)),
             resident: SideTable::new(g, false),
             deps: SideTable::new(g, 0),
             gathers: 0,
@@ -187,6 +190,7 @@ impl Plan {
                         .gathered_bytes(g, id, opts.world_size)
                         .or_else(|| n.meta.val.as_ref().and_then(|v| v.nbytes()))
                         .unwrap_or(0);
+                    p.dtypes[id] = zerosched_ir::comm::bucket_dtypes(n);
                     Role::Gather
                 }
                 Some(CommOp::Wait) => Role::Deferred,
@@ -292,6 +296,8 @@ struct Bucket {
     bytes: u64,
     /// When the first member is expected to be needed.
     first_need: f64,
+    /// Its members' dtypes: a gather of other dtypes never joins.
+    dtypes: (Option<Dtype>, Option<Dtype>),
 }
 
 struct Walk<'a> {
@@ -419,7 +425,8 @@ impl<'a> Walk<'a> {
                 // own collective. (A large gather that would merely end on time is left for
                 // later: pulled in early it takes memory room a later gather needs.)
                 let stream_frees = self.t_comm < self.node_start() + cost;
-                let rides = !stream_frees && self.joined_end(bytes).is_some_and(|(_, cheap)| cheap);
+                let rides =
+                    !stream_frees && self.joined_end(gather).is_some_and(|(_, cheap)| cheap);
                 if !(self.policy.prefetch && fits && (stream_frees || rides) && ready) {
                     if let (Some(b), true) = (&self.open, self.policy.prefetch) {
                         tracing::debug!(
@@ -472,15 +479,21 @@ impl<'a> Walk<'a> {
             .map_or("(end)", |&id| self.g.node(id).name.as_str())
     }
 
-    /// When the open bucket would end with a gather of `bytes` in it, if the gather should
-    /// join it, and whether it is latency-bound (the second reason below). Joining saves the gather its own collective (its latency, mostly) and costs
+    /// When the open bucket would end with `gather` in it, if the gather should join it (it
+    /// never joins a bucket of other dtypes), and whether it is latency-bound (the second
+    /// reason below). Joining saves the gather its own collective (its latency, mostly) and costs
     /// the members already in the bucket the time its bytes add. It joins when the bucket
     /// still ends by the time its first member is needed (nothing waits longer), or when
     /// what it adds to the bucket is less than what it saves (a latency-bound gather: the
     /// stream's total shrinks by about a collective's latency, and a member waits at most
     /// that much longer).
-    fn joined_end(&self, bytes: u64) -> Option<(f64, bool)> {
-        let b = self.open.as_ref().filter(|_| self.policy.bucketing)?;
+    fn joined_end(&self, gather: NodeId) -> Option<(f64, bool)> {
+        let dtypes = self.plan.dtypes[gather];
+        let b = self
+            .open
+            .as_ref()
+            .filter(|b| self.policy.bucketing && b.dtypes == dtypes)?;
+        let bytes = self.plan.bytes[gather];
         let end = b.start + self.collective(b.bytes.saturating_add(bytes));
         let separately = b.end + self.collective(bytes);
         let on_time = end <= b.end.max(b.first_need);
@@ -514,7 +527,7 @@ impl<'a> Walk<'a> {
             None => f64::INFINITY,
         };
         let alone = self.collective(bytes);
-        let joined = self.joined_end(bytes).map(|(end, _)| end);
+        let joined = self.joined_end(gather).map(|(end, _)| end);
         if let (Some(b), Some(end)) = (&mut self.open, joined) {
             b.end = end;
             b.bytes += bytes;
@@ -546,6 +559,7 @@ impl<'a> Walk<'a> {
                     end,
                     bytes,
                     first_need: expected,
+                    dtypes: self.plan.dtypes[gather],
                 });
                 self.buckets.push(vec![gather]);
                 self.end_of[gather] = end;
