@@ -1,7 +1,7 @@
 //! Guarantees 2–4: shards are read only by their gathers and the output; every real use of
 //! gathered storage lies between its wait and its release; one wait and one release (or keep)
 //! per gather, none for a gather whose value escapes through the output; buckets are
-//! contiguous. A `reuse` of a buffer an earlier graph kept stands for a gather throughout.
+//! contiguous and of one dtype. A `reuse` of a buffer an earlier graph kept stands for a gather throughout.
 
 use super::storage::{self, Storage};
 use super::{Ctx, Violation};
