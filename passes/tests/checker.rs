@@ -831,16 +831,22 @@ fn rejects_a_gather_of_the_wrong_parameter() {
     );
 }
 
-#[test]
-fn checks_bucket_adjacency() {
+/// The MoE's first two experts' gathers in bucket 7, the second issued right after the first:
+/// a valid, bucketed schedule.
+fn two_experts_in_one_bucket() -> (Graph, NodeId, NodeId) {
     let mut g = scheduled(moe(), "jit");
     let a = find(&g, comm::ALLGATHER, "moe.experts.0.weight");
     let b = find(&g, comm::ALLGATHER, "moe.experts.1.weight");
     set_kwarg(&mut g, a, "bucket", Arg::Int(7));
     set_kwarg(&mut g, b, "bucket", Arg::Int(7));
-    // Issuing the second gather right after the first is a valid, bucketed schedule.
     move_after(&mut g, b, a);
     assert_eq!(accept(&g, u64::MAX).buckets, 1);
+    (g, a, b)
+}
+
+#[test]
+fn checks_bucket_adjacency() {
+    let (mut g, _, b) = two_experts_in_one_bucket();
     // With the first one's wait between them, it is not.
     let wait = find(&g, comm::WAIT, "moe.experts.0.weight");
     move_after(&mut g, b, wait);
@@ -855,13 +861,7 @@ fn checks_bucket_adjacency() {
 
 #[test]
 fn checks_bucket_dtypes() {
-    let mut g = scheduled(moe(), "jit");
-    let a = find(&g, comm::ALLGATHER, "moe.experts.0.weight");
-    let b = find(&g, comm::ALLGATHER, "moe.experts.1.weight");
-    set_kwarg(&mut g, a, "bucket", Arg::Int(7));
-    set_kwarg(&mut g, b, "bucket", Arg::Int(7));
-    move_after(&mut g, b, a);
-    assert_eq!(accept(&g, u64::MAX).buckets, 1);
+    let (mut g, a, b) = two_experts_in_one_bucket();
     // One coalesced collective moves one dtype: a member cast to bf16 cannot join f32 ones.
     set_kwarg(&mut g, b, "dtype", Arg::Dtype(Dtype::BFloat16));
     let v = reject(&g, u64::MAX);

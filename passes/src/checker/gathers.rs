@@ -1,7 +1,8 @@
 //! Guarantees 2–4: shards are read only by their gathers and the output; every real use of
 //! gathered storage lies between its wait and its release; one wait and one release (or keep)
 //! per gather, none for a gather whose value escapes through the output; buckets are
-//! contiguous and of one dtype. A `reuse` of a buffer an earlier graph kept stands for a gather throughout.
+//! contiguous and of one dtype. A `reuse` of a buffer an earlier graph kept stands for a
+//! gather throughout.
 
 use super::storage::{self, Storage};
 use super::{Ctx, Violation};
@@ -330,10 +331,9 @@ fn buckets(cx: &mut Ctx, list: &[Gather]) -> usize {
 
 /// `bf16 (cast)` or `f32`, for a bucket's dtype violation.
 fn describe_dtypes((cast, gathered): (Option<Dtype>, Option<Dtype>)) -> String {
-    let name = |d: Option<Dtype>| d.map_or("an unknown dtype", Dtype::name);
-    match cast {
-        Some(c) => format!("{} (cast)", name(Some(c))),
-        None => name(gathered).to_owned(),
+    match (cast, gathered) {
+        (Some(c), _) => format!("{} (cast)", c.name()),
+        (None, g) => g.map_or("an unknown dtype", Dtype::name).to_owned(),
     }
 }
 

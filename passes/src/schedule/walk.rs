@@ -296,8 +296,6 @@ struct Bucket {
     bytes: u64,
     /// When the first member is expected to be needed.
     first_need: f64,
-    /// Its members' dtypes: a gather of other dtypes never joins.
-    dtypes: (Option<Dtype>, Option<Dtype>),
 }
 
 struct Walk<'a> {
@@ -488,11 +486,12 @@ impl<'a> Walk<'a> {
     /// stream's total shrinks by about a collective's latency, and a member waits at most
     /// that much longer).
     fn joined_end(&self, gather: NodeId) -> Option<(f64, bool)> {
-        let dtypes = self.plan.dtypes[gather];
-        let b = self
-            .open
-            .as_ref()
-            .filter(|b| self.policy.bucketing && b.dtypes == dtypes)?;
+        let b = self.open.as_ref().filter(|_| self.policy.bucketing)?;
+        // The open bucket's members are the last ones pushed.
+        let first = *self.buckets.last()?.first()?;
+        if self.plan.dtypes[first] != self.plan.dtypes[gather] {
+            return None;
+        }
         let bytes = self.plan.bytes[gather];
         let end = b.start + self.collective(b.bytes.saturating_add(bytes));
         let separately = b.end + self.collective(bytes);
@@ -559,7 +558,6 @@ impl<'a> Walk<'a> {
                     end,
                     bytes,
                     first_need: expected,
-                    dtypes: self.plan.dtypes[gather],
                 });
                 self.buckets.push(vec![gather]);
                 self.end_of[gather] = end;
