@@ -666,7 +666,6 @@ fn binary(
     op: &str,
     alpha: bool,
 ) -> Result<Value<CudaTensor>, String> {
-    let a = tensor(env, 0)?;
     let s = if alpha {
         env.node()
             .kwargs
@@ -676,13 +675,19 @@ fn binary(
     } else {
         1.0
     };
-    let rhs = env.arg(1)?;
+    let (lhs, rhs) = (env.arg(0)?, env.arg(1)?);
+    // Either side may be a number: `1 - x` reaches `sub.Tensor` with the number first.
+    let (a, x, number_first) = match (lhs.as_node(), rhs.as_node()) {
+        (Some(_), Some(_)) => {
+            let (a, b) = (env.tensor(lhs)?, env.tensor(rhs)?);
+            return one(c.ew(op, &[a, b], out_dtype(env, a.dtype), s)?);
+        }
+        (Some(_), None) => (env.tensor(lhs)?, rhs, false),
+        (None, Some(_)) => (env.tensor(rhs)?, lhs, true),
+        (None, None) => return Err(format!("expected a tensor argument, found {lhs:?}")),
+    };
     let dt = out_dtype(env, a.dtype);
-    if rhs.as_node().is_some() {
-        let b = env.tensor(rhs)?;
-        return one(c.ew(op, &[a, b], dt, s)?);
-    }
-    let x = number(rhs).ok_or_else(|| format!("expected a tensor or a number, found {rhs:?}"))?;
+    let x = number(x).ok_or_else(|| format!("expected a tensor or a number, found {x:?}"))?;
     // The number as a 0-d tensor, broadcast: in the input's dtype, or the result's when an
     // integer tensor meets a number into a floating-point result (torch's promotion).
     let float = |d: Dtype| Elem::of(d).is_some_and(Elem::is_float);
@@ -692,7 +697,8 @@ fn binary(
         a.dtype
     };
     let st = c.scalar(x, sdt)?;
-    let out = c.ew(op, &[a, &st], dt, s);
+    let operands = if number_first { [&st, a] } else { [a, &st] };
+    let out = c.ew(op, &operands, dt, s);
     c.release(&st);
     one(out?)
 }
