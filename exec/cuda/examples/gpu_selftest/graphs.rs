@@ -252,6 +252,16 @@ fn cases() -> Vec<Case> {
             slack,
         });
     };
+    // A number first (`1 - 2x`, as an exported `rsub` reaches the executor).
+    case(
+        "sub number first",
+        "aten.sub.Tensor",
+        vec![(F, vec![4, 33], u)],
+        format!("[1, {}]", x(0)),
+        r#"{"alpha":2}"#,
+        f(&[4, 33]),
+        1.0,
+    );
     // Activations and their backward forms.
     for (name, target) in [
         ("gelu", "aten.gelu.default"),
