@@ -155,6 +155,28 @@ def inputs_of(doc: dict, seed: int) -> dict[str, torch.Tensor]:
     return drawn
 
 
+def node_refs(a) -> list[str]:
+    """The node names an argument reads."""
+    if isinstance(a, dict):
+        return [a["node"]] if "node" in a else [r for v in a.values() for r in node_refs(v)]
+    if isinstance(a, list):
+        return [r for v in a for r in node_refs(v)]
+    return []
+
+
+def last_uses(g: dict) -> list[list[str]]:
+    """Per node of `g`, the values whose last reader it is (dropped after it runs, as the
+    executor frees them, so that eager holds what the program needs and no more)."""
+    last: dict[str, int] = {}
+    for i, n in enumerate(g["nodes"]):
+        for r in node_refs(n.get("args", [])) + node_refs(n.get("kwargs", {})):
+            last[r] = i
+    per: list[list[str]] = [[] for _ in g["nodes"]]
+    for name, i in last.items():
+        per[i].append(name)
+    return per
+
+
 def run_step(doc: dict, inputs: dict[str, torch.Tensor]) -> list[list]:
     """One step: every graph in order; returns each graph's outputs."""
     carried: dict[str, torch.Tensor] = {}
@@ -163,16 +185,19 @@ def run_step(doc: dict, inputs: dict[str, torch.Tensor]) -> list[list]:
         params = {p["node"]: p["name"] for p in g.get("params", [])}
         env: dict = {}
         result = []
-        for n in g["nodes"]:
+        drops = last_uses(g)
+        for i, n in enumerate(g["nodes"]):
             name = n["name"]
             if n["op"] == "placeholder":
-                env[name] = inputs[params[name]] if name in params else carried.get(name, inputs.get(name))
+                env[name] = inputs[params[name]] if name in params else carried.pop(name, inputs.get(name))
             elif n["op"] == "get_attr":
                 env[name] = inputs[name]
             elif n["op"] == "output":
                 result = decode(n["args"][0], env)
             else:
                 env[name] = target(n["target"])(*decode(n.get("args", []), env), **decode_kwargs(n, env))
+            for d in drops[i]:
+                env.pop(d, None)
         for a, v in zip(next(n for n in g["nodes"] if n["op"] == "output")["args"][0], result):
             if isinstance(a, dict) and "node" in a:
                 carried[a["node"]] = v
@@ -187,6 +212,7 @@ def timed_ms(step) -> float:
         t0 = time.perf_counter()
         run_step.last = step()
         return (time.perf_counter() - t0) * 1e3
+    run_step.last = None  # the previous step's outputs are not held through this one
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -217,7 +243,7 @@ def main(argv: list[str]) -> int:
         times = []
         for _ in range(a.steps + 1):
             times.append(timed_ms(lambda: run_step(doc, inputs)))
-            outs = run_step.last
+        outs = run_step.last
         sums = [[[float(t.double().sum()), float(t.double().abs().sum())] if isinstance(t, torch.Tensor) else None
                  for t in graph] for graph in outs]
         del outs

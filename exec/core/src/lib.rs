@@ -198,9 +198,18 @@ pub trait Backend: Sized {
     ) -> Result<Self::Tensor, BackendError>;
     /// The executor is done with this storage (liveness, a release, the end of a graph or
     /// program): called once per storage class with one handle to it (the allocating node's
-    /// value; for a reused parameter, its full view), after every other handle was dropped.
-    /// The backend may defer the release until the work that reads the storage is done.
+    /// value; for a reused parameter, its full view), after every other handle was dropped,
+    /// and once per handle [`Backend::share`] made. The storage goes back when the last of
+    /// those is freed. The backend may defer the release until the work that reads the
+    /// storage is done.
     fn free(&mut self, t: Self::Tensor);
+    /// Another owning handle to `t`'s storage: a graph's output carried to a later graph,
+    /// which frees it as its own input while the graph that made it frees its class. Several
+    /// outputs may view one storage (a saved activation and a view of it), and each is freed
+    /// on its own. A backend whose tensors count their references themselves clones.
+    fn share(&mut self, t: &Self::Tensor) -> Self::Tensor {
+        t.clone()
+    }
 }
 
 /// The buffer arithmetic that in-process collectives ([`comm::ThreadComm`]) combine ranks'

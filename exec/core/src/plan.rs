@@ -24,8 +24,6 @@ pub struct Plan<'g, B: Backend> {
     /// Per class, its members (CSR over `aliases.members`).
     mem_start: Vec<u32>,
     members: Vec<u32>,
-    /// Per class: the graph returns (a view of) it, so it outlives the graph.
-    pub(crate) returned: Vec<bool>,
     /// Per node: a placeholder that holds a shard (a sharded parameter of an inserted graph).
     sharded_input: Vec<bool>,
     /// Per node: the parameter a placeholder carries.
@@ -130,14 +128,12 @@ impl<'g, B: Backend> Plan<'g, B> {
                 (inserted || only_returned) && !p.persistent && !persistent.contains(&p.name);
         }
         let returned_classes = zerosched_passes::simulate::returned_classes(g, &aliases);
-        let mut returned = vec![false; bound];
         // Frees: the simulator's rule, class by class.
         let mut free_lists: Vec<Vec<u32>> = vec![Vec::new(); bound];
         for (id, n) in g.nodes() {
             if aliases.class(id) != Some(id) {
                 continue;
             }
-            returned[id.index()] = returned_classes[id];
             let held = returned_classes[id]
                 || n.op == Op::GetAttr
                 || param[id.index()].is_some()
@@ -180,7 +176,6 @@ impl<'g, B: Backend> Plan<'g, B> {
             frees,
             mem_start,
             members,
-            returned,
             sharded_input,
             param,
             kernels,

@@ -443,7 +443,7 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
     }
 
     /// The graph's end: collectives still in flight are awaited, the outputs downloaded and
-    /// handed to later graphs, and every buffer neither returned nor kept is freed.
+    /// handed to later graphs, and every buffer not kept is freed.
     fn end_graph(
         &mut self,
         plan: &Plan<'_, B>,
@@ -467,11 +467,16 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
             })?;
             outputs.push(host);
             if let Some(v) = values.get(slot).and_then(Arg::as_node) {
-                self.carried.insert(g.node(*v).name.to_string(), t);
+                let carried = self.backend.share(&t);
+                // A value returned twice is carried once.
+                if let Some(old) = self.carried.insert(g.node(*v).name.to_string(), carried) {
+                    self.backend.free(old);
+                }
             }
         }
+        // The carried outputs hold their own handles ([`Backend::share`]).
         for (c, &k) in plan.class.iter().enumerate() {
-            if k == c as u32 && w.state[c] == State::Live && !plan.returned[c] {
+            if k == c as u32 && w.state[c] == State::Live {
                 self.free_class(plan, &mut w, c);
             }
         }

@@ -15,8 +15,8 @@ use crate::kernels::source::{Elem, Reduce, Softmax};
 use crate::kernels::{Kernels, View, contiguous_strides};
 use crate::matmul::{Blas, Gemm};
 use crate::ops::{attention, conv, create, index, linalg, loss, norm, regions, routing};
+use crate::owners::Owners;
 use crate::pool::{Block, Pool, PoolStats};
-use std::collections::HashMap;
 use zerosched_exec::host::{self, Data};
 use zerosched_exec::{Backend, BackendError, Env, NodeError, Value};
 use zerosched_ir::{Arg, Dtype, NodeId, TensorMeta};
@@ -80,9 +80,8 @@ pub struct Cuda {
     /// The generated kernels (replay's spin kernel among them).
     pub(crate) k: Kernels,
     pub(crate) blas: Blas,
-    /// Blocks made by view ops that had to copy (a reshape of a strided tensor), by the block
-    /// they view: the core frees the storage class once, through the viewed block.
-    derived: HashMap<u64, Vec<Block>>,
+    /// Who owns each block: copies view ops made, blocks carried to later graphs.
+    owners: Owners,
 }
 
 fn kernel_err(e: impl std::fmt::Display) -> BackendError {
@@ -96,7 +95,7 @@ impl Cuda {
             pool: Pool::new(dev),
             k: Kernels::new(dev)?,
             blas: Blas::new(dev)?,
-            derived: HashMap::new(),
+            owners: Owners::default(),
         })
     }
 
@@ -447,12 +446,15 @@ impl Backend for Cuda {
     }
 
     fn free(&mut self, t: CudaTensor) {
-        let mut blocks = vec![t.block];
-        while let Some(b) = blocks.pop() {
+        for b in self.owners.free(t.block) {
             // Errors here can only be a block the pool does not know, which the core never frees.
             let _ = self.pool.free(b, &[StreamKind::Compute, StreamKind::Comm]);
-            blocks.extend(self.derived.remove(&b.ptr).unwrap_or_default());
         }
+    }
+
+    fn share(&mut self, t: &CudaTensor) -> CudaTensor {
+        self.owners.share(t.block);
+        t.clone()
     }
 }
 
@@ -636,8 +638,10 @@ pub fn resolve(target: &str) -> Option<Kernel> {
         "aten.nll_loss_forward.default" => loss::nll_loss_forward,
         "aten.nll_loss_backward.default" => loss::nll_loss_backward,
         // Attention, products, convolution, routing.
-        "aten._scaled_dot_product_flash_attention_for_cpu.default" => attention::forward,
-        "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" => attention::backward,
+        "aten._scaled_dot_product_flash_attention_for_cpu.default"
+        | "aten._scaled_dot_product_flash_attention.default" => attention::forward,
+        "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"
+        | "aten._scaled_dot_product_flash_attention_backward.default" => attention::backward,
         "aten.addmm.default" => linalg::addmm,
         "aten._grouped_mm.default" => linalg::grouped_mm,
         "aten.convolution.default" => conv::convolution,
@@ -823,7 +827,7 @@ fn viewing(
             return c.ew("copy", &[&t], t.dtype, 0.0);
         }
         if alias {
-            c.derived.entry(x.block.ptr).or_default().push(t.block);
+            c.owners.derive(x.block, t.block);
         }
         Ok(t)
     };

@@ -311,6 +311,10 @@ impl Backend for Numeric<'_> {
     fn free(&mut self, t: CudaTensor) {
         self.cuda.free(t);
     }
+
+    fn share(&mut self, t: &CudaTensor) -> CudaTensor {
+        self.cuda.share(t)
+    }
 }
 
 impl OnCuda for Numeric<'_> {

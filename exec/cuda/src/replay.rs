@@ -365,7 +365,11 @@ impl Backend for Replay<'_> {
     }
 
     fn free(&mut self, t: CudaTensor) {
-        self.cuda.release(&t);
+        self.cuda.free(t);
+    }
+
+    fn share(&mut self, t: &CudaTensor) -> CudaTensor {
+        self.cuda.share(t)
     }
 }
 

@@ -811,6 +811,60 @@ fn cases() -> Vec<Case> {
         ]),
         40.0,
     );
+    // The GPU form (what an export on a GPU records): bookkeeping outputs past
+    // (out, logsumexp), here an RNG offset and an empty debug mask, and the backward's
+    // dropout and causality four places later.
+    case(
+        "sdpa gpu form causal",
+        "aten._scaled_dot_product_flash_attention.default",
+        vec![
+            (F, vec![2, 4, 16, 8], u),
+            (F, vec![2, 2, 16, 8], u),
+            (F, vec![2, 2, 16, 8], u),
+        ],
+        format!("[{}, {}, {}, 0.0, true]", x(0), x(1), x(2)),
+        r#"{"scale":0.25}"#,
+        tuple(&[
+            Some(f(&[2, 4, 16, 8])),
+            Some(f(&[2, 4, 16])),
+            None,
+            None,
+            None,
+            None,
+            None,
+            Some(t("uint64", &[])),
+            Some(f(&[0])),
+        ]),
+        20.0,
+    );
+    case(
+        "sdpa gpu form backward causal",
+        "aten._scaled_dot_product_flash_attention_backward.default",
+        vec![
+            (F, vec![2, 4, 16, 8], u),
+            (F, vec![2, 4, 16, 8], u),
+            (F, vec![2, 2, 16, 8], u),
+            (F, vec![2, 2, 16, 8], u),
+            (F, vec![2, 4, 16, 8], u),
+            (F, vec![2, 4, 16], Fill::U(2.0, 3.0)),
+        ],
+        format!(
+            "[{}, {}, {}, {}, {}, {}, null, null, 16, 16, 0.0, true, null, null]",
+            x(0),
+            x(1),
+            x(2),
+            x(3),
+            x(4),
+            x(5)
+        ),
+        r#"{"scale":0.25}"#,
+        tuple(&[
+            Some(f(&[2, 4, 16, 8])),
+            Some(f(&[2, 2, 16, 8])),
+            Some(f(&[2, 2, 16, 8])),
+        ]),
+        40.0,
+    );
     case(
         "addmm",
         "aten.addmm.default",

@@ -31,7 +31,9 @@ impl Elem {
             Dtype::Float32 => Elem::F32,
             Dtype::BFloat16 => Elem::BF16,
             Dtype::Float16 => Elem::F16,
-            Dtype::Int64 => Elem::I64,
+            // Stored as int64, as the CPU backend stores it (PyTorch has few uint64 ops;
+            // the GPU attention's RNG state is one).
+            Dtype::Int64 | Dtype::UInt64 => Elem::I64,
             Dtype::Int32 => Elem::I32,
             Dtype::Bool => Elem::Bool,
             _ => return None,

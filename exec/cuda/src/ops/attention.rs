@@ -1,5 +1,6 @@
-//! Scaled dot-product attention by its math definition (`_scaled_dot_product_flash_attention_for_cpu`
-//! and its backward, the ops the exporter records): cuBLAS batched products and the generated
+//! Scaled dot-product attention by its math definition (`_scaled_dot_product_flash_attention`
+//! and its `_for_cpu` form with their backwards, the ops an export on a GPU and on the CPU
+//! records): cuBLAS batched products and the generated
 //! softmax and elementwise kernels, in f32 throughout as the CPU backend computes, rounded to
 //! the outputs' dtypes once. Grouped-query heads read their key/value head; a boolean mask
 //! keeps where true, a float mask is added, `is_causal` masks above the diagonal, and a row
@@ -166,7 +167,41 @@ fn cast(c: &mut Cuda, t: &CudaTensor, shape: &[usize], dt: Dtype) -> Result<Cuda
     c.ew("copy", &[&v], dt, 0.0)
 }
 
-/// `(query, key, value, dropout_p, is_causal, *, attn_mask, scale)`: `(out, logsumexp)`.
+/// The GPU form (`_scaled_dot_product_flash_attention`, not `_for_cpu`): its backward takes
+/// the sequence bookkeeping and RNG state the forward returns, which moves `dropout_p` and
+/// `is_causal` from 6 and 7 to 10 and 11.
+fn gpu_form(env: &Env<'_, CudaTensor>) -> bool {
+    !env.node().target.contains("_for_cpu")
+}
+
+/// The outputs past `(out, logsumexp)` the node records (the GPU form's sequence bookkeeping,
+/// RNG state and debug mask): zeros of their recorded shapes, `None` where none is recorded.
+/// Without dropout nothing reads their values.
+fn bookkeeping(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Vec<Option<CudaTensor>>, String> {
+    let n = match &env.node().meta.val {
+        Some(zerosched_ir::Val::Tuple(ts)) => ts.len(),
+        _ => 2,
+    };
+    let mut outs = vec![];
+    for k in 2..n {
+        let Some(m) = env.out_meta_k(k) else {
+            outs.push(None);
+            continue;
+        };
+        let shape: Vec<usize> = m.shape.iter().map(|d| d.hint() as usize).collect();
+        match c.full(m.dtype, &shape, 0.0) {
+            Ok(t) => outs.push(Some(t)),
+            Err(e) => {
+                outs.iter().flatten().for_each(|t| c.release(t));
+                return Err(e);
+            }
+        }
+    }
+    Ok(outs)
+}
+
+/// `(query, key, value, dropout_p, is_causal, *, attn_mask, scale)`: `(out, logsumexp)`, and
+/// the GPU form's bookkeeping outputs after them.
 pub fn forward(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
     let (q, k, v) = (tensor(env, 0)?, tensor(env, 1)?, tensor(env, 2)?);
     let d = Dims::of(&q.shape, &k.shape, &v.shape)?;
@@ -201,10 +236,20 @@ pub fn forward(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTens
         let out = product(c, &p, &v3, F32)?;
         temps.0.push(out.clone());
         let o4 = cast(c, &out, &[d.b, d.h, d.l, d.ev], d0)?;
-        match cast(c, &lse, &[d.b, d.h, d.l], d1) {
-            Ok(l) => Ok(Value::List(vec![Some(o4), Some(l)])),
+        let l = match cast(c, &lse, &[d.b, d.h, d.l], d1) {
+            Ok(l) => l,
             Err(e) => {
                 c.release(&o4);
+                return Err(e);
+            }
+        };
+        match bookkeeping(c, env) {
+            Ok(rest) => Ok(Value::List(
+                [Some(o4), Some(l)].into_iter().chain(rest).collect(),
+            )),
+            Err(e) => {
+                c.release(&o4);
+                c.release(&l);
                 Err(e)
             }
         }
@@ -214,7 +259,8 @@ pub fn forward(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTens
 }
 
 /// `(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask,
-/// scale)`: `(grad_query, grad_key, grad_value)`.
+/// scale)` (the GPU form: `cum_seq_q, cum_seq_k, max_q, max_k` before `dropout_p`, the RNG
+/// state after `is_causal`): `(grad_query, grad_key, grad_value)`.
 pub fn backward(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
     let t = |i| tensor(env, i);
     let (go, q, k, v, out, lse) = (t(0)?, t(1)?, t(2)?, t(3)?, t(4)?, t(5)?);
@@ -228,7 +274,7 @@ pub fn backward(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTen
             lse.shape, go.shape, out.shape
         ));
     }
-    let o = opts(env, 6, d.e)?;
+    let o = opts(env, if gpu_form(env) { 10 } else { 6 }, d.e)?;
     let dts: Vec<Dtype> = [(0, q.dtype), (1, k.dtype), (2, v.dtype)]
         .iter()
         .map(|&(i, f)| env.out_meta_k(i).map_or(f, |m| m.dtype))
