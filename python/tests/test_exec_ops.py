@@ -262,3 +262,30 @@ def test_assert_async_passes_a_true_value_and_names_a_false_one():
     assert _run(gm, [torch.ones(3)])[0][0][0].tolist() == [2.0, 2.0, 2.0]
     with pytest.raises(zerosched.ZeroschedError, match="_assert_async.*x has a nonzero element"):
         _run(gm, [torch.zeros(3)])
+
+
+def _layer_norm_doc(kwargs):
+    """A graph calling the composite `aten.layer_norm.default` (which tracing decomposes, so
+    a graph holds it only as written: a hand-built or pre-dispatch export) on `x` [4, 5]."""
+    t = lambda shape: {"val": {"shape": shape, "dtype": "float32", "stride": [5, 1][-len(shape):]}}
+    names = ["x"] + [v["node"] for v in kwargs.values() if isinstance(v, dict)]
+    nodes = [{"name": n, "op": "placeholder", "target": n, "args": [], "kwargs": {}, "meta": t([4, 5] if n == "x" else [5])}
+             for n in names]
+    nodes.append({"name": "ln", "op": "call_function", "target": "aten.layer_norm.default",
+                  "args": [{"node": "x"}, [5]], "kwargs": kwargs, "meta": t([4, 5])})
+    nodes.append({"name": "output", "op": "output", "target": "output", "args": [[{"node": "ln"}]], "kwargs": {},
+                  "meta": {}})
+    return names, {"format": "fx-graph", "version": 1, "kind": "inference", "name": "layer_norm", "nodes": nodes}
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"weight": {"node": "w"}}, {"weight": {"node": "w"}, "bias": {"node": "b"},
+                                                                     "eps": 0.1}],
+                         ids=["plain", "weight keyword", "weight bias eps keywords"])
+def test_composite_layer_norm_matches_eager_with_keyword_arguments(kwargs):
+    torch.manual_seed(0)
+    names, doc = _layer_norm_doc(kwargs)
+    xs = {"x": torch.randn(4, 5), "w": torch.randn(5), "b": torch.randn(5)}
+    got = zerosched.run(dumps_graph(doc).encode(), {n: xs[n] for n in names})[0][0][0]
+    want = F.layer_norm(xs["x"], (5,), xs["w"] if "weight" in kwargs else None, xs["b"] if "bias" in kwargs else None,
+                        kwargs.get("eps", 1e-5))
+    torch.testing.assert_close(got, want)

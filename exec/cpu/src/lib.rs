@@ -138,6 +138,7 @@ pub fn kernel(target: &str) -> Option<Kernel> {
         "aten.sort.default" | "aten.sort.stable" => reduce::sort,
         "aten.histc.default" => reduce::histc,
         "aten.native_layer_norm.default" => nn::layer_norm,
+        "aten.layer_norm.default" => nn::layer_norm_output,
         "aten._scaled_dot_product_flash_attention_for_cpu.default"
         | "aten._scaled_dot_product_flash_attention.default"
         | "aten._scaled_dot_product_efficient_attention.default"

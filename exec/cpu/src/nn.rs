@@ -504,14 +504,14 @@ fn ln<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         .iter()
         .map(|&d| d.max(0) as usize)
         .product();
-    let opt = |i: usize| -> Result<Option<zerosched_exec::host::Arr<T>>, String> {
-        match env.node().args.get(i) {
+    let opt = |i: usize, name: &str| -> Result<Option<zerosched_exec::host::Arr<T>>, String> {
+        match env.arg_or_kw(i, name) {
             Some(a @ Arg::Node(_)) => Ok(Some(T::get(env.tensor(a)?))),
             _ => Ok(None),
         }
     };
-    let (w, bias) = (opt(2)?, opt(3)?);
-    let eps = T::from_f64(env.node().args.get(4).and_then(number).unwrap_or(1e-5));
+    let (w, bias) = (opt(2, "weight")?, opt(3, "bias")?);
+    let eps = T::from_f64(env.arg_or_kw(4, "eps").and_then(number).unwrap_or(1e-5));
     let shape = xt.shape().to_vec();
     let rows = xt.numel() / norm.max(1);
     let x = T::get(xt);
@@ -553,9 +553,24 @@ fn ln<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     ]))
 }
 
+/// `native_layer_norm(input, normalized_shape, weight, bias, eps)`: (out, mean, rstd).
 pub fn layer_norm(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     match env.tensor(env.arg(0)?)?.kind() {
         Kind::F64 => ln::<f64>(env),
         _ => ln::<f32>(env),
+    }
+}
+
+/// `layer_norm(input, normalized_shape, weight, bias, eps, cudnn_enable)` (the composite op a
+/// graph records where autograd does not decompose it): the normalised output alone.
+pub fn layer_norm_output(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
+    match layer_norm(env)? {
+        Value::List(outs) => outs
+            .into_iter()
+            .next()
+            .flatten()
+            .map(Value::Tensor)
+            .ok_or_else(|| "layer norm made no output".to_string()),
+        other => Ok(other),
     }
 }
