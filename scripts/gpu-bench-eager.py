@@ -177,16 +177,16 @@ def last_uses(g: dict) -> list[list[str]]:
     return per
 
 
-def run_step(doc: dict, inputs: dict[str, torch.Tensor]) -> list[list]:
-    """One step: every graph in order; returns each graph's outputs."""
+def run_step(doc: dict, inputs: dict[str, torch.Tensor], drops: list[list[list[str]]]) -> list[list]:
+    """One step: every graph in order (`drops`: each graph's `last_uses`, computed once outside
+    the timed steps); returns each graph's outputs."""
     carried: dict[str, torch.Tensor] = {}
     outs = []
-    for g in doc["graphs"]:
+    for g, graph_drops in zip(doc["graphs"], drops):
         params = {p["node"]: p["name"] for p in g.get("params", [])}
         env: dict = {}
         result = []
-        drops = last_uses(g)
-        for i, n in enumerate(g["nodes"]):
+        for n, dropped in zip(g["nodes"], graph_drops):
             name = n["name"]
             if n["op"] == "placeholder":
                 env[name] = inputs[params[name]] if name in params else carried.pop(name, inputs.get(name))
@@ -196,7 +196,7 @@ def run_step(doc: dict, inputs: dict[str, torch.Tensor]) -> list[list]:
                 result = decode(n["args"][0], env)
             else:
                 env[name] = target(n["target"])(*decode(n.get("args", []), env), **decode_kwargs(n, env))
-            for d in drops[i]:
+            for d in dropped:
                 env.pop(d, None)
         for a, v in zip(next(n for n in g["nodes"] if n["op"] == "output")["args"][0], result):
             if isinstance(a, dict) and "node" in a:
@@ -207,12 +207,12 @@ def run_step(doc: dict, inputs: dict[str, torch.Tensor]) -> list[list]:
 
 def timed_ms(step) -> float:
     """Milliseconds of `step()`: CUDA events around it on the GPU, the wall clock on the CPU.
-    Its result is kept as `run_step.last`."""
+    Its result is kept as `run_step.last`; the previous step's is not held through this one."""
+    run_step.last = None
     if GPU.type != "cuda":
         t0 = time.perf_counter()
         run_step.last = step()
         return (time.perf_counter() - t0) * 1e3
-    run_step.last = None  # the previous step's outputs are not held through this one
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -240,9 +240,10 @@ def main(argv: list[str]) -> int:
     doc = load(a.program)
     with torch.no_grad():
         inputs = inputs_of(doc, a.seed)
+        drops = [last_uses(g) for g in doc["graphs"]]
         times = []
         for _ in range(a.steps + 1):
-            times.append(timed_ms(lambda: run_step(doc, inputs)))
+            times.append(timed_ms(lambda: run_step(doc, inputs, drops)))
         outs = run_step.last
         sums = [[[float(t.double().sum()), float(t.double().abs().sum())] if isinstance(t, torch.Tensor) else None
                  for t in graph] for graph in outs]

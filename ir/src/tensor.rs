@@ -59,6 +59,11 @@ impl TensorMeta {
             .try_fold(1u64, |acc, d| acc.checked_mul(d.hint()))
     }
 
+    /// The dimensions, symbolic sizes at their hints.
+    pub fn hint_dims(&self) -> Vec<usize> {
+        self.shape.iter().map(|d| d.hint() as usize).collect()
+    }
+
     /// Exact byte size; `None` if it overflows `u64` (the verifier rejects such tensors).
     pub fn nbytes(&self) -> Option<u64> {
         self.numel()?.checked_mul(self.dtype.size())

@@ -24,7 +24,7 @@ use crate::host::Tensor;
 use ndarray::{ArrayD, IxDyn};
 use std::collections::BTreeMap;
 use std::path::Path;
-use zerosched_ir::{Arg, Dim, Dtype, Graph, NodeId, Op, Param, Program, TensorMeta, Val};
+use zerosched_ir::{Arg, Dim, Dtype, Graph, NodeId, Op, Param, Program, Val};
 
 /// A tensor given in a file.
 #[derive(Clone, Debug)]
@@ -75,10 +75,6 @@ fn fnv(s: &str) -> u64 {
     })
 }
 
-fn shape_of(t: &TensorMeta) -> Vec<usize> {
-    t.shape.iter().map(|d| d.hint() as usize).collect()
-}
-
 impl Inputs {
     pub fn new(seed: u64) -> Inputs {
         Inputs {
@@ -121,11 +117,12 @@ impl Inputs {
             return Err(format!("placeholder `{}` has no tensor metadata", n.name));
         };
         if let Some(t) = self.given.get(n.name.as_str()) {
-            fits(&n.name, t, g.label(), &shape_of(meta), meta.dtype).map_err(|e| e.to_string())?;
+            fits(&n.name, t, g.label(), &meta.hint_dims(), meta.dtype)
+                .map_err(|e| e.to_string())?;
             return Ok(t.tensor.clone());
         }
         let mut rng = self.rng(&n.name, self.stream(rank));
-        let shape = shape_of(meta);
+        let shape = meta.hint_dims();
         if meta.dtype.is_floating() || meta.dtype == Dtype::Bool {
             return random(&mut rng, &shape, meta.dtype, 1.0, 2);
         }
@@ -221,7 +218,7 @@ impl Inputs {
                     continue;
                 }
                 if let Some(Val::Tensor(meta)) = &n.meta.val {
-                    fits(name, t, g.label(), &shape_of(meta), meta.dtype)?;
+                    fits(name, t, g.label(), &meta.hint_dims(), meta.dtype)?;
                     found = true;
                 }
             }

@@ -119,6 +119,14 @@ impl<'a, T> Env<'a, T> {
         }
     }
 
+    /// How many outputs a multi-output node records (`default` when it records none).
+    pub fn n_outputs(&self, default: usize) -> usize {
+        match &self.node().meta.val {
+            Some(Val::Tuple(ts)) => ts.len(),
+            _ => default,
+        }
+    }
+
     /// The recorded metadata of output `k` of a multi-output node.
     pub fn out_meta_k(&self, k: usize) -> Option<&'a TensorMeta> {
         match &self.node().meta.val {

@@ -60,7 +60,7 @@ fn stat<T: Real>(
 ) -> Result<Tensor, String> {
     match env.out_meta_k(k) {
         Some(m) => {
-            let rec: Vec<usize> = m.shape.iter().map(|d| d.hint() as usize).collect();
+            let rec = m.hint_dims();
             if rec.iter().product::<usize>() == v.len() {
                 arr(v, &rec, m.dtype)
             } else {

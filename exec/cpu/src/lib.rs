@@ -322,7 +322,7 @@ impl Backend for Cpu {
         make: &mut dyn FnMut() -> Result<Tensor, String>,
     ) -> Result<Tensor, NodeError> {
         let t = make().map_err(NodeError::Input)?;
-        let shape: Vec<usize> = meta.shape.iter().map(|d| d.hint() as usize).collect();
+        let shape = meta.hint_dims();
         if t.shape() != shape.as_slice() {
             return Err(NodeError::Input(format!(
                 "input has shape {:?}, metadata {shape:?}",
@@ -534,6 +534,5 @@ pub(crate) fn out_dtype(env: &Env<'_, Tensor>, fallback: Dtype) -> Dtype {
 }
 
 pub(crate) fn out_shape(env: &Env<'_, Tensor>) -> Option<Vec<usize>> {
-    env.out_meta()
-        .map(|m| m.shape.iter().map(|d| d.hint() as usize).collect())
+    env.out_meta().map(TensorMeta::hint_dims)
 }

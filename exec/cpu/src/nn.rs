@@ -232,18 +232,10 @@ fn apply_dropout<T: F>(
 fn filler(env: &Env<'_, Tensor>, k: usize) -> Result<Option<Tensor>, String> {
     match env.out_meta_k(k) {
         Some(m) => {
-            let shape: Vec<usize> = m.shape.iter().map(|d| d.hint() as usize).collect();
+            let shape = m.hint_dims();
             Ok(Some(crate::create::filled(&shape, 0.0, m.dtype)?))
         }
         None => Ok(None),
-    }
-}
-
-/// How many outputs the node records (2 when it records none).
-fn n_outputs(env: &Env<'_, Tensor>) -> usize {
-    match &env.node().meta.val {
-        Some(zerosched_ir::Val::Tuple(ts)) => ts.len(),
-        _ => 2,
     }
 }
 
@@ -350,7 +342,7 @@ fn fwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
     let d0 = env.out_meta_k(0).map_or(qt.dtype, |m| m.dtype);
     let lse = match env.out_meta_k(1) {
         Some(m) => {
-            let shape: Vec<usize> = m.shape.iter().map(|d| d.hint() as usize).collect();
+            let shape = m.hint_dims();
             let mut v = vec![T::zero(); shape.iter().product()];
             for ((b, hh, i), &x) in lse.indexed_iter() {
                 if let Some(at) = lse_at(&shape, b, hh, i) {
@@ -363,12 +355,12 @@ fn fwd<T: F>(env: &Env<'_, Tensor>) -> Result<Value<Tensor>, String> {
         None => T::wrap(lse.into_dyn(), zerosched_ir::Dtype::Float32)?,
     };
     let mut outs = vec![Some(T::wrap(out.into_dyn(), d0)?), Some(lse)];
-    for k in 2..n_outputs(env) {
+    for k in 2..env.n_outputs(2) {
         let mut t = filler(env, k)?;
         if f.seed_out == Some(k) {
             // The stream's key, for the backward to draw the same mask.
             if let (Some(t), Some(m)) = (t.as_mut(), env.out_meta_k(k)) {
-                let shape: Vec<usize> = m.shape.iter().map(|d| d.hint() as usize).collect();
+                let shape = m.hint_dims();
                 let mut v = vec![0i64; shape.iter().product()];
                 if let Some(first) = v.first_mut() {
                     *first = Stream::of(env).0 as i64;

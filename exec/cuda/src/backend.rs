@@ -357,7 +357,7 @@ impl Backend for Cuda {
         make: &mut dyn FnMut() -> Result<host::Tensor, String>,
     ) -> Result<CudaTensor, NodeError> {
         let t = make().map_err(NodeError::Input)?;
-        let shape: Vec<usize> = meta.shape.iter().map(|d| d.hint() as usize).collect();
+        let shape = meta.hint_dims();
         if t.shape() != shape.as_slice() {
             return Err(NodeError::Input(format!(
                 "input has shape {:?}, metadata {shape:?}",

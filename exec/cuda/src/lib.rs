@@ -1,8 +1,8 @@
 //! The CUDA backend's device layer: one rank's GPU with a compute and a communication stream
 //! ([`device`]), a stream-ordered memory pool ([`pool`]), NVRTC-generated kernels
 //! ([`kernels`]), cuBLAS matrix products ([`matmul`]), the executor's backend over them
-//! ([`backend`], its op families in `ops/`, who owns a block in `owners`), NCCL collectives ([`nccl`]) with a TCP
-//! rendezvous ([`rendezvous`]), replay mode over a calibrated spin kernel ([`replay`]),
+//! ([`backend`], its op families in `ops/`, who owns a block in `owners`), NCCL collectives
+//! ([`nccl`]) with a TCP rendezvous ([`rendezvous`]), replay mode over a calibrated spin kernel ([`replay`]),
 //! profile mode's per-node timing ([`profile`]) and the collective table measurement
 //! ([`calibrate`]).
 //!

@@ -197,7 +197,7 @@ impl<'a> Replay<'a> {
 
     /// A new uninitialised buffer of `meta`.
     fn alloc(&mut self, meta: &TensorMeta) -> std::result::Result<CudaTensor, BackendError> {
-        let shape = dims(meta);
+        let shape = meta.hint_dims();
         let bytes = meta.numel().unwrap_or(0).saturating_mul(meta.dtype.size());
         let block = self
             .cuda
@@ -214,14 +214,10 @@ impl<'a> Replay<'a> {
     }
 }
 
-fn dims(meta: &TensorMeta) -> Vec<usize> {
-    meta.shape.iter().map(|d| d.hint() as usize).collect()
-}
-
 /// A view of `t`'s buffer as `meta`: contiguous where it fits the buffer, else (a broadcast
 /// view larger than its storage) every stride 0, so that nothing reads past the buffer.
 fn view_as(t: &CudaTensor, meta: &TensorMeta) -> CudaTensor {
-    let shape = dims(meta);
+    let shape = meta.hint_dims();
     let bytes = meta.numel().unwrap_or(0).saturating_mul(meta.dtype.size());
     let strides = if bytes <= t.block.size {
         contiguous_strides(&shape)

@@ -233,6 +233,8 @@ fn cases() -> Vec<Case> {
     let l = |s: &[usize]| t("int64", s);
     let b = |s: &[usize]| t("bool", s);
     let x = |i: usize| format!(r#"{{"node":"x{i}"}}"#);
+    // The first `n` inputs, as leading arguments.
+    let xs = |n: usize| (0..n).map(x).collect::<Vec<_>>().join(", ");
     let u = Fill::U(-1.0, 1.0);
     let mut cs = vec![];
     let mut case = |name,
@@ -794,15 +796,7 @@ fn cases() -> Vec<Case> {
             (F, vec![2, 4, 16], Fill::U(2.0, 3.0)),
             (Bool, vec![2, 1, 16, 16], Fill::B),
         ],
-        format!(
-            "[{}, {}, {}, {}, {}, {}, 0.0, false]",
-            x(0),
-            x(1),
-            x(2),
-            x(3),
-            x(4),
-            x(5)
-        ),
+        format!("[{}, 0.0, false]", xs(6)),
         r#"{"attn_mask":{"node":"x6"},"scale":0.25}"#,
         tuple(&[
             Some(f(&[2, 4, 16, 8])),
@@ -848,15 +842,7 @@ fn cases() -> Vec<Case> {
             (F, vec![2, 4, 16, 8], u),
             (F, vec![2, 4, 16], Fill::U(2.0, 3.0)),
         ],
-        format!(
-            "[{}, {}, {}, {}, {}, {}, null, null, 16, 16, 0.0, true, null, null]",
-            x(0),
-            x(1),
-            x(2),
-            x(3),
-            x(4),
-            x(5)
-        ),
+        format!("[{}, null, null, 16, 16, 0.0, true, null, null]", xs(6)),
         r#"{"scale":0.25}"#,
         tuple(&[
             Some(f(&[2, 4, 16, 8])),

@@ -178,17 +178,13 @@ fn gpu_form(env: &Env<'_, CudaTensor>) -> bool {
 /// RNG state and debug mask): zeros of their recorded shapes, `None` where none is recorded.
 /// Without dropout nothing reads their values.
 fn bookkeeping(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Vec<Option<CudaTensor>>, String> {
-    let n = match &env.node().meta.val {
-        Some(zerosched_ir::Val::Tuple(ts)) => ts.len(),
-        _ => 2,
-    };
     let mut outs = vec![];
-    for k in 2..n {
+    for k in 2..env.n_outputs(2) {
         let Some(m) = env.out_meta_k(k) else {
             outs.push(None);
             continue;
         };
-        let shape: Vec<usize> = m.shape.iter().map(|d| d.hint() as usize).collect();
+        let shape = m.hint_dims();
         match c.full(m.dtype, &shape, 0.0) {
             Ok(t) => outs.push(Some(t)),
             Err(e) => {
