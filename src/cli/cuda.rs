@@ -50,6 +50,9 @@ pub struct CudaRun {
     /// numeric, the sum of each graph's span from its first kernel to its last (the inputs'
     /// uploads and the outputs' downloads left out).
     pub step_ms: Vec<f64>,
+    /// Wall-clock milliseconds the host took to issue each step (replay): a step the host
+    /// issues slower than the GPU runs it is bound by the host, not by the schedule.
+    pub host_ms: Vec<f64>,
     /// Replay: the compute stream's spin time per step, ms (the cost model's total).
     pub compute_ms: Option<f64>,
     /// The pool over the last step: peak requested bytes, peak rounded bytes in use.
@@ -61,15 +64,24 @@ impl CudaRun {
     /// The step time reported: the median of the steps after the warm-up (the only step when
     /// there is one).
     pub fn measured_ms(&self) -> f64 {
-        let mut v: Vec<f64> = self
-            .step_ms
-            .iter()
-            .skip(usize::from(self.step_ms.len() > 1))
-            .copied()
-            .collect();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
+        median_after_warmup(&self.step_ms)
     }
+
+    /// The host's issue time reported, as [`CudaRun::measured_ms`]; `None` where not timed.
+    pub fn host_issue_ms(&self) -> Option<f64> {
+        (!self.host_ms.is_empty()).then(|| median_after_warmup(&self.host_ms))
+    }
+}
+
+/// The median of the steps after the first (the only step when there is one).
+fn median_after_warmup(steps: &[f64]) -> f64 {
+    let mut v: Vec<f64> = steps
+        .iter()
+        .skip(usize::from(steps.len() > 1))
+        .copied()
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// This process's rank and GPU: from the launch environment (torchrun, Slurm, or
@@ -147,6 +159,7 @@ pub fn run_program(
     let mut cuda = Cuda::new(&dev)?;
     let host = HostInputs::new(inputs);
     let mut step_ms = Vec::new();
+    let mut host_ms = Vec::new();
     let (run, compute_ms) = match mode {
         Mode::Numeric { steps } => {
             let mut spans = Spans::default();
@@ -157,7 +170,7 @@ pub fn run_program(
                     cuda.pool.reset_peaks();
                     let b = Numeric::new(&mut cuda, &mut spans);
                     let (c, h, ps) = (&mut comm, &host, &plans);
-                    let (_, r) = timed_step(&dev, move || run_rank(ps, h, b, c))?;
+                    let (_, _, r) = timed_step(&dev, move || run_rank(ps, h, b, c))?;
                     ProgramRun::of_rank(&plans, r)
                 };
                 spans.close()?;
@@ -176,8 +189,9 @@ pub fn run_program(
                 cuda.pool.reset_peaks();
                 let b = Replay::new(&mut cuda, spin, &table);
                 let (c, h, ps) = (&mut comm, &host, &plans);
-                let (ms, r) = timed_step(&dev, move || run_rank(ps, h, b, c))?;
+                let (ms, host, r) = timed_step(&dev, move || run_rank(ps, h, b, c))?;
                 step_ms.push(ms);
+                host_ms.push(host);
                 last = Some(ProgramRun::of_rank(&plans, r));
             }
             let run = last.ok_or("no step ran")?;
@@ -190,6 +204,7 @@ pub fn run_program(
         rank: l.rank,
         device,
         step_ms,
+        host_ms,
         compute_ms,
         pool_peak_requested: pool.peak_requested,
         pool_peak_in_use: pool.peak_in_use,
@@ -207,20 +222,24 @@ pub fn run_program(
 }
 
 /// One step between two events on the compute stream, joined to the communication stream
-/// first so that the step ends with its last collective; the device idle before it.
+/// first so that the step ends with its last collective; the device idle before it. Also
+/// the host's wall-clock milliseconds to issue it.
 #[cfg(feature = "cuda")]
 fn timed_step(
     dev: &zerosched_exec_cuda::device::Device,
     run: impl FnOnce() -> Result<zerosched_exec::world::RankRun, zerosched_exec::ExecError>,
-) -> Result<(f64, zerosched_exec::world::RankRun), Failure> {
+) -> Result<(f64, f64, zerosched_exec::world::RankRun), Failure> {
     use zerosched_exec_cuda::device::StreamKind;
     dev.synchronize()?;
+    let mut host_ms = 0.0;
     let (ms, r) = dev.time_ms(StreamKind::Compute, || {
+        let started = std::time::Instant::now();
         let r = run();
+        host_ms = started.elapsed().as_secs_f64() * 1e3;
         dev.join(StreamKind::Compute, StreamKind::Comm)?;
         Ok(r)
     })?;
-    Ok((ms, r?))
+    Ok((ms, host_ms, r?))
 }
 
 /// `zerosched profile`: runs the program in numeric mode on this process's GPU (world size 1),

@@ -191,6 +191,16 @@ fn report_cuda(c: &CudaRun, sim: Option<&ProgramSim>, replay: bool) {
         );
     }
     println!("{line}");
+    if let Some(host) = c.host_issue_ms() {
+        println!(
+            "  host issued the step in {host:.3} ms{}",
+            if host >= 0.9 * step {
+                " (host-bound: the GPU waited for launches)"
+            } else {
+                ""
+            }
+        );
+    }
     if let Some(compute) = c.compute_ms {
         let exposed = (step - compute).max(0.0);
         print!("  exposed communication {exposed:.3} ms (step less {compute:.3} ms of compute)");
@@ -208,6 +218,28 @@ fn report_cuda(c: &CudaRun, sim: Option<&ProgramSim>, replay: bool) {
         print!("; simulator peak {}", bytes(t.peak_total_bytes));
     }
     println!();
+    for g in &c.run.graphs {
+        let Some(h) = g.memory.first().and_then(|m| m.held.as_ref()) else {
+            continue;
+        };
+        // Carried values count in the pool only; what matters is growth within the graph.
+        if h.max - h.start < 1 << 20 {
+            continue;
+        }
+        let grown: Vec<String> = h
+            .growth
+            .iter()
+            .map(|(n, t, b)| format!("{n} ({t}) +{}", bytes(*b as u64)))
+            .collect();
+        println!(
+            "  {}: pool above the executor's count by {} at most (after {}; {} at the start); grown most at {}",
+            g.graph,
+            bytes(h.max.max(0) as u64),
+            h.at,
+            bytes(h.start.max(0) as u64),
+            grown.join(", ")
+        );
+    }
 }
 
 /// The run's figures as JSON (`--report`).
@@ -245,6 +277,7 @@ fn figures(
             "device": c.device,
             "step_ms": c.step_ms,
             "measured_step_ms": c.measured_ms(),
+            "host_issue_ms": c.host_issue_ms(),
             "compute_ms": c.compute_ms,
             "exposed_comm_ms": c.compute_ms.map(|m| (c.measured_ms() - m).max(0.0)),
             "pool_peak_requested": c.pool_peak_requested,

@@ -218,6 +218,11 @@ pub trait Backend: Sized {
     fn share(&mut self, t: &Self::Tensor) -> Self::Tensor {
         t.clone()
     }
+    /// Bytes of live buffers by the backend's own count, where it keeps one (a device pool),
+    /// set beside the executor's count after every node ([`alloc::Held`]).
+    fn held_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The buffer arithmetic that in-process collectives ([`comm::ThreadComm`]) combine ranks'

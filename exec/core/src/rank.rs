@@ -148,6 +148,13 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
                 });
             step.map_err(|e| node_err(g, id, e))?;
             self.free_after(plan, &mut w, id);
+            if let Some(held) = self.backend.held_bytes() {
+                let live = w.counter.live;
+                w.counter
+                    .held
+                    .get_or_insert_default()
+                    .observe(&n.name, &n.target, held, live);
+            }
         }
         self.end_graph(plan, w)
     }

@@ -456,6 +456,10 @@ impl Backend for Cuda {
         self.owners.share(t.block);
         t.clone()
     }
+
+    fn held_bytes(&self) -> Option<u64> {
+        Some(self.pool.stats().requested)
+    }
 }
 
 // Argument readers.

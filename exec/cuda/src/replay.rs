@@ -367,6 +367,10 @@ impl Backend for Replay<'_> {
     fn share(&mut self, t: &CudaTensor) -> CudaTensor {
         self.cuda.share(t)
     }
+
+    fn held_bytes(&self) -> Option<u64> {
+        self.cuda.held_bytes()
+    }
 }
 
 impl OnCuda for Replay<'_> {
