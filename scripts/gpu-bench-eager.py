@@ -180,16 +180,24 @@ def last_uses(g: dict) -> list[list[str]]:
 def run_step(doc: dict, inputs: dict[str, torch.Tensor], drops: list[list[list[str]]]) -> list[list]:
     """One step: every graph in order (`drops`: each graph's `last_uses`, computed once outside
     the timed steps); returns each graph's outputs."""
-    carried: dict[str, torch.Tensor] = {}
+    # Linked as the executor links them (docs/format.md): a backward graph's placeholders read
+    # its `forward`'s outputs; without any `forward`, the latest graph that returned the name.
+    paired = any("forward" in g for g in doc["graphs"])
+    carried: dict[tuple[str, str], torch.Tensor] = {}
+    latest: dict[str, str] = {}
     outs = []
     for g, graph_drops in zip(doc["graphs"], drops):
         params = {p["node"]: p["name"] for p in g.get("params", [])}
+        src = g.get("forward") or (None if paired else "")
         env: dict = {}
         result = []
         for n, dropped in zip(g["nodes"], graph_drops):
             name = n["name"]
             if n["op"] == "placeholder":
-                env[name] = inputs[params[name]] if name in params else carried.pop(name, inputs.get(name))
+                key = (src or latest.get(name, ""), name)
+                linked = carried.pop(key, None) if src is not None else None
+                env[name] = inputs[params[name]] if name in params else (
+                    linked if linked is not None else inputs.get(name))
             elif n["op"] == "get_attr":
                 env[name] = inputs[name]
             elif n["op"] == "output":
@@ -200,7 +208,12 @@ def run_step(doc: dict, inputs: dict[str, torch.Tensor], drops: list[list[list[s
                 env.pop(d, None)
         for a, v in zip(next(n for n in g["nodes"] if n["op"] == "output")["args"][0], result):
             if isinstance(a, dict) and "node" in a:
-                carried[a["node"]] = v
+                carried[(g.get("name", ""), a["node"])] = v
+                if not paired:
+                    old = latest.get(a["node"])
+                    if old is not None and old != g.get("name", ""):
+                        carried.pop((old, a["node"]), None)
+                    latest[a["node"]] = g.get("name", "")
         outs.append(result)
     return outs
 

@@ -126,6 +126,12 @@ pub enum Problem {
     BadOrder,
     #[error("node still has users")]
     StillUsed,
+    #[error("a {kind} graph names a forward; only a backward graph does")]
+    ForwardOnNonBackward { kind: String },
+    #[error("`{name}` is no earlier forward graph of the program")]
+    UnknownForward { name: String },
+    #[error("forward graph `{name}` is already the forward of `{other}`")]
+    ForwardTwice { name: String, other: String },
 }
 
 /// A problem at a place.

@@ -129,6 +129,10 @@ pub struct Grad {
 pub struct Graph {
     pub name: Option<String>,
     pub kind: GraphKind,
+    /// A backward graph's forward (AOTAutograd's pair), by name: the graph whose outputs its
+    /// saved-value placeholders read. Needed where a step has several forward graphs (graph
+    /// breaks), whose inputs and saved values all have the same names (`primals_1`, ...).
+    pub forward: Option<String>,
     dag: StableDiGraph<Node, (), u32>,
     order: Vec<NodeId>,
     names: Names,

@@ -2,7 +2,9 @@
 //! first (Cranelift's verifier is the model). Importers run it; the pass manager runs it
 //! between passes.
 
-use crate::{Diagnostics, Graph, Location, Node, NodeId, Op, Param, Problem, Program, Val};
+use crate::{
+    Diagnostics, Form, Graph, GraphKind, Location, Node, NodeId, Op, Param, Problem, Program, Val,
+};
 use hashbrown::HashMap;
 use rayon::prelude::*;
 
@@ -39,7 +41,47 @@ fn check_program(p: &Program, nodes: Nodes) -> Result<(), Diagnostics> {
         .collect();
     let mut d = Diagnostics(found.into_iter().flat_map(|d| d.0).collect());
     check_params_agree(p, &mut d);
+    check_forwards(p, &mut d);
     d.into_result()
+}
+
+/// A backward graph's `forward` names an earlier forward graph of its bundle, each forward
+/// paired once (AOTAutograd compiles one backward per forward). A graph written alone may
+/// name a forward it does not hold.
+fn check_forwards(p: &Program, d: &mut Diagnostics) {
+    let mut paired: HashMap<&str, &str> = HashMap::new();
+    for (gi, g) in p.graphs.iter().enumerate() {
+        let Some(f) = g.forward.as_deref() else {
+            continue;
+        };
+        let at = || Location::graph_field(g.label(), "forward");
+        if g.kind != GraphKind::Backward {
+            d.push(
+                at(),
+                Problem::ForwardOnNonBackward {
+                    kind: g.kind.name().to_owned(),
+                },
+            );
+            continue;
+        }
+        if p.form != Form::Bundle {
+            continue;
+        }
+        let found = p.graphs[..gi]
+            .iter()
+            .any(|e| e.kind == GraphKind::Forward && e.name.as_deref() == Some(f));
+        if !found {
+            d.push(at(), Problem::UnknownForward { name: f.to_owned() });
+        } else if let Some(other) = paired.insert(f, g.label()) {
+            d.push(
+                at(),
+                Problem::ForwardTwice {
+                    name: f.to_owned(),
+                    other: other.to_owned(),
+                },
+            );
+        }
+    }
 }
 
 /// Each parameter against the first one of the same name, in program order: a program's

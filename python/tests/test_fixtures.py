@@ -339,3 +339,20 @@ def test_a_family_fixture_exports_to_the_same_bytes(tmp_path):
     name = "vit_none.program.json.gz"
     assert (tmp_path / name).read_bytes() == (FAMILIES / name).read_bytes(), \
         "regenerate with `python -m zerosched.export --fixtures tests/fixtures`"
+
+
+@pytest.mark.parametrize("mode", ["core", "none"])
+def test_each_olmoe_backward_names_the_forward_that_saved_its_values(mode):
+    graphs = load(FAMILIES / f"olmoe_{mode}.program.json.gz")["graphs"]
+    by_name = {g["name"]: (i, g) for i, g in enumerate(graphs)}
+    backwards = [(i, g) for i, g in enumerate(graphs) if g["kind"] == "backward"]
+    assert len(backwards) > 4
+    named = [g["forward"] for _, g in backwards]
+    assert len(set(named)) == len(named), "one backward per forward"
+    for i, g in backwards:
+        fi, f = by_name[g["forward"]]
+        assert fi < i and f["kind"] == "forward"
+        (out,) = [n for n in f["nodes"] if n["op"] == "output"]
+        returned = {a["node"] for a in out["args"][0] if isinstance(a, dict)}
+        saved = {n["name"] for n in g["nodes"] if n["op"] == "placeholder" and not n["name"].startswith("tangents_")}
+        assert saved <= returned, f"{g['name']} reads {sorted(saved - returned)}, which {f['name']} does not return"

@@ -351,12 +351,14 @@ def graph_to_doc(
     grads: Sequence[tuple[str, int]] = (),
     requires_grad: dict[str, bool] | None = None,
     persistent: Collection[str] = (),
+    forward: str | None = None,
 ) -> dict:
     """One FX graph to an fx-graph v1 document.
 
     ``requires_grad`` overrides ``meta.val.requires_grad`` of the named placeholders;
     ``persistent`` names the parameters kept unsharded, whose gradient entries say so (the
-    graph need not carry the parameter itself)."""
+    graph need not carry the parameter itself); ``forward`` is a backward graph's forward
+    graph, by name."""
     label = name or "<graph>"
     nodes = [node_to_doc(gm, n, label, requires_grad) for n in gm.graph.nodes]
     outputs = [n for n in nodes if n["op"] == "output"]
@@ -366,6 +368,8 @@ def graph_to_doc(
     if name is not None:
         doc["name"] = name
     doc["kind"] = kind
+    if forward is not None:
+        doc["forward"] = forward
     doc["nodes"] = nodes
     doc["params"] = [p.to_doc() for p in params]
     if kind == "backward" or grads:
@@ -390,10 +394,11 @@ class CapturedGraph:
     name: str = ""
     requires_grad: dict[str, bool] = dataclasses.field(default_factory=dict)
     persistent: frozenset[str] = frozenset()  # parameters kept unsharded, for the gradient entries
+    forward: str | None = None  # a backward graph's forward graph, by name (set by name_graphs)
 
     def to_doc(self) -> dict:
         return graph_to_doc(self.gm, name=self.name, kind=self.kind, params=self.params, grads=self.grads,
-                            requires_grad=self.requires_grad, persistent=self.persistent)
+                            requires_grad=self.requires_grad, persistent=self.persistent, forward=self.forward)
 
 
 #: Ops removed from PyTorch's core-ATen decomposition table, and why.
@@ -679,12 +684,17 @@ def write_text(path_no_ext: str, text: str, gzip_threshold: int = GZIP_THRESHOLD
 
 
 def name_graphs(prefix: str, graphs: Sequence[CapturedGraph]) -> None:
+    """Names the graphs in execution order, and each backward graph's forward: the forward
+    of the same dynamo graph, whose outputs its saved-value placeholders read."""
     fi = bi = 0
+    forward_of: dict[int, str] = {}
     for g in graphs:
         if g.kind == "backward":
             g.name, bi = f"{prefix}_bwd_{bi}", bi + 1
+            g.forward = forward_of.get(g.dynamo_index)
         else:
             g.name, fi = f"{prefix}_fwd_{fi}", fi + 1
+            forward_of[g.dynamo_index] = g.name
 
 
 def write_program(

@@ -32,9 +32,17 @@ pub(crate) struct Rank<'a, B: Backend, C: Communicator<B>> {
     /// Gathered buffers a `keep` left resident for a later graph's `reuse`, by parameter name:
     /// (full value, bytes).
     kept: BTreeMap<String, (B::Tensor, u64)>,
-    /// Values returned by earlier graphs, by the name of the node returned (AOTAutograd's
-    /// partitioner names the backward's saved inputs after the forward's values).
-    carried: BTreeMap<String, B::Tensor>,
+    /// Values returned by earlier graphs, by the graph that returned them and the name of the
+    /// node returned (AOTAutograd's partitioner names the backward's saved inputs after the
+    /// forward's values).
+    carried: BTreeMap<(String, String), B::Tensor>,
+    /// Where no backward graph names its forward: the graph that last returned each name,
+    /// whose value a later placeholder of that name takes.
+    last_by_name: BTreeMap<String, String>,
+    /// Whether the program's backward graphs name their forward graphs: a placeholder then
+    /// takes a carried value only in a backward graph, from its forward's outputs, and every
+    /// other input comes from the inputs (the eager code between graph breaks makes them).
+    paired: bool,
 }
 
 /// One graph's tables on one rank.
@@ -78,13 +86,53 @@ fn malformed(m: &str) -> NodeError {
 }
 
 impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
-    pub fn new(backend: B, comm: &'a mut C, host: &'a HostInputs<'a>) -> Rank<'a, B, C> {
+    /// `paired`: whether the program's backward graphs name their forward graphs
+    /// ([`Graph::forward`]).
+    pub fn new(
+        backend: B,
+        comm: &'a mut C,
+        host: &'a HostInputs<'a>,
+        paired: bool,
+    ) -> Rank<'a, B, C> {
         Rank {
             backend,
             comm,
             host,
             kept: BTreeMap::new(),
             carried: BTreeMap::new(),
+            last_by_name: BTreeMap::new(),
+            paired,
+        }
+    }
+
+    /// The value an earlier graph returned for placeholder `name` of `g`, if any.
+    fn take_carried(&mut self, g: &Graph, name: &str) -> Option<B::Tensor> {
+        let from = match &g.forward {
+            Some(f) => f.clone(),
+            None if self.paired => return None,
+            None => self.last_by_name.get(name)?.clone(),
+        };
+        self.carried.remove(&(from, name.to_owned()))
+    }
+
+    /// Carries output `name` of `g` to later graphs.
+    fn carry(&mut self, g: &Graph, name: &str, t: B::Tensor) {
+        let key = (g.label().to_owned(), name.to_owned());
+        // A value returned twice is carried once.
+        if let Some(old) = self.carried.insert(key, t) {
+            self.backend.free(old);
+        }
+        if !self.paired {
+            // An earlier graph's value of the same name is out of every later graph's reach.
+            let before = self
+                .last_by_name
+                .insert(name.to_owned(), g.label().to_owned());
+            if let Some(old) = before
+                .filter(|b| b != g.label())
+                .and_then(|b| self.carried.remove(&(b, name.to_owned())))
+            {
+                self.backend.free(old);
+            }
         }
     }
 
@@ -171,18 +219,31 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
         let n = g.node(id);
         let host = self.host;
         let rank = self.comm.rank();
-        // Only a parameter's placeholder holds a shard.
+        // Only a parameter's placeholder holds a shard. A forward that returns its shard for
+        // the backward (AOTAutograd saves the primals) hands it over: the same tensor,
+        // which would otherwise stay carried to the program's end beside a second copy.
         let v = if let Some(pi) = plan.param[id.index()] {
             let p = &g.params[pi];
             let meta = TensorMeta::new(p.shape.clone(), p.dtype);
-            let make = &mut || host.param(g, p);
-            if plan.is_sharded_input(id) {
-                self.backend
-                    .sharded_input(&meta, make, self.comm.world(), rank)?
-            } else {
-                self.backend.input(&meta, make)?
+            let sharded = plan.is_sharded_input(id);
+            let world = if sharded { self.comm.world() } else { 1 };
+            let want = meta.numel().unwrap_or(0).div_ceil(u64::from(world.max(1)));
+            match self.take_carried(g, &n.name) {
+                Some(v) if self.backend.numel(&v) == want && self.backend.dtype(&v) == p.dtype => v,
+                other => {
+                    if let Some(v) = other {
+                        self.backend.free(v);
+                    }
+                    let make = &mut || host.param(g, p);
+                    if sharded {
+                        self.backend
+                            .sharded_input(&meta, make, self.comm.world(), rank)?
+                    } else {
+                        self.backend.input(&meta, make)?
+                    }
+                }
             }
-        } else if let Some(v) = self.carried.remove(n.name.as_str()) {
+        } else if let Some(v) = self.take_carried(g, &n.name) {
             v
         } else {
             let Some(Val::Tensor(meta)) = &n.meta.val else {
@@ -475,10 +536,7 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
             outputs.push(host);
             if let Some(v) = values.get(slot).and_then(Arg::as_node) {
                 let carried = self.backend.share(&t);
-                // A value returned twice is carried once.
-                if let Some(old) = self.carried.insert(g.node(*v).name.to_string(), carried) {
-                    self.backend.free(old);
-                }
+                self.carry(g, &g.node(*v).name, carried);
             }
         }
         // The carried outputs hold their own handles ([`Backend::share`]).

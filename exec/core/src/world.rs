@@ -116,7 +116,8 @@ pub fn run_rank<B: Backend, C: Communicator<B>>(
     backend: B,
     comm: &mut C,
 ) -> Result<RankRun, ExecError> {
-    let mut rank = Rank::new(backend, comm, host);
+    let paired = plans.iter().any(|p| p.graph().forward.is_some());
+    let mut rank = Rank::new(backend, comm, host, paired);
     let mut graphs = Vec::with_capacity(plans.len());
     for plan in plans {
         match rank.run_graph(plan) {

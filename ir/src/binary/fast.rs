@@ -61,7 +61,8 @@ pub(super) fn program(payload: &[u8]) -> Option<Program> {
             // Every node takes a byte at least: a length no input backs reserves nothing.
             room += len.min(chunk.len());
         }
-        let graph = Graph::new(part.name.clone(), part.kind);
+        let mut graph = Graph::new(part.name.clone(), part.kind);
+        graph.forward.clone_from(&part.forward);
         assemblies.push(Assembly::new(graph, part.chunks.len(), room));
     }
     jobs.extend((0..parts.len()).map(Job::Tail));
@@ -175,6 +176,7 @@ impl Job<'_> {
 struct Parts<'a> {
     name: Option<String>,
     kind: GraphKind,
+    forward: Option<String>,
     targets: Vec<Str>,
     tensors: Vec<std::sync::Arc<TensorMeta>>,
     chunks: Vec<&'a [u8]>,
@@ -190,6 +192,7 @@ impl<'a> Parts<'a> {
         Some(Parts {
             name: option(&mut w, |w| w.str().map(str::to_owned))?,
             kind: w.decode()?,
+            forward: option(&mut w, |w| w.str().map(str::to_owned))?,
             targets: w.decode()?,
             // Every node's tensors come from this table: checked here once, they need no
             // check per node. An unsound entry leaves the document to the careful path, which

@@ -17,7 +17,7 @@ use std::sync::Arc;
 /// `ZSGRAPH` and a byte that no text encoding of JSON starts with.
 pub const MAGIC: &[u8; 8] = b"ZSGRAPH\x89";
 /// Bumped on any change to the encoded structures.
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 /// Upper bound on what a decode may claim, far above any real training step.
 const LIMIT: usize = 1 << 30;
 /// Nodes per chunk: enough that a chunk's overhead is nothing, few enough that a large graph
@@ -51,6 +51,7 @@ struct BinProgram {
 struct BinGraph {
     name: Option<String>,
     kind: GraphKind,
+    forward: Option<String>,
     targets: Vec<Str>,
     tensors: Vec<TensorMeta>,
     /// The nodes in program order, [`CHUNK_NODES`] to a chunk (the last may hold fewer), each
@@ -225,6 +226,7 @@ fn encode_graph(g: &Graph, chunk: impl Fn(Vec<u8>) -> Vec<u8> + Sync) -> BinGrap
     BinGraph {
         name: g.name.clone(),
         kind: g.kind,
+        forward: g.forward.clone(),
         targets: targets.items.into_iter().map(Str::from).collect(),
         tensors: tensors.items.into_iter().cloned().collect(),
         nodes,
@@ -334,6 +336,7 @@ fn decode_graph(bg: BinGraph, nodes: Vec<BinNode>, i: usize) -> Result<Graph, Di
     let label = bg.name.clone().unwrap_or_else(|| format!("graphs[{i}]"));
     let mut d = Diagnostics::default();
     let mut g = Graph::new(bg.name, bg.kind);
+    g.forward = bg.forward;
     let tensors = shared(bg.tensors);
     let tables = Tables {
         targets: &bg.targets,
@@ -490,6 +493,7 @@ mod tests {
         let graph = BinGraph {
             name: Some("g".into()),
             kind: GraphKind::Forward,
+            forward: None,
             targets: vec![Str::from("x"), Str::from("output")],
             tensors: vec![TensorMeta::new(vec![], crate::Dtype::Float32)],
             nodes: vec![encode(&vec![

@@ -150,6 +150,7 @@ const DOC_KEYS: &[&str] = &[
     "grads",
     "graphs",
     "persistent",
+    "forward",
 ];
 
 #[derive(Clone, Copy, PartialEq)]
@@ -303,6 +304,7 @@ impl<'de> Visitor<'de> for GraphSeed {
 struct GraphParts {
     name: Option<String>,
     kind: Option<GraphKind>,
+    forward: Option<String>,
     graph: Option<Graph>,
     params: Vec<FastParam>,
     grads: Vec<Grad>,
@@ -317,7 +319,8 @@ struct FastParam {
 }
 
 impl GraphParts {
-    /// Reads the value of key `k` of [`DOC_KEYS`] (one of name, kind, nodes, params, grads).
+    /// Reads the value of key `k` of [`DOC_KEYS`] (one of name, kind, nodes, params, grads,
+    /// forward).
     fn field<'de, A: MapAccess<'de>>(&mut self, k: usize, map: &mut A) -> Result<(), A::Error> {
         match k {
             2 => self.name = map.next_value()?,
@@ -325,6 +328,7 @@ impl GraphParts {
             4 => self.graph = Some(map.next_value_seed(NodesSeed)?),
             5 => self.params = map.next_value_seed(ListSeed(ParamSeed))?,
             6 => self.grads = map.next_value_seed(ListSeed(GradSeed))?,
+            9 => self.forward = map.next_value()?,
             _ => return Err(give_up()),
         }
         Ok(())
@@ -334,6 +338,7 @@ impl GraphParts {
         let mut g = self.graph.ok_or_else(give_up)?;
         g.name = self.name;
         g.kind = self.kind.unwrap_or_default();
+        g.forward = self.forward;
         g.params.reserve_exact(self.params.len());
         for p in self.params {
             let node = g.node_by_name(&p.node).ok_or_else(give_up)?;

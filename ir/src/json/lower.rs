@@ -238,6 +238,7 @@ fn graph(doc: RawGraph, label: &str) -> Result<Graph, Diagnostics> {
 
     // No errors: every reference points at an earlier node, and node i gets index i.
     let mut g = Graph::new(doc.name, kind);
+    g.forward = doc.forward;
     for n in &nodes {
         let node = n.map_refs(&mut |&p| NodeId::new(p));
         let name = node.name.clone();

@@ -50,6 +50,7 @@ pub(super) struct RawDoc {
     version: Option<serde_json::Value>,
     name: Option<String>,
     kind: Option<String>,
+    forward: Option<String>,
     nodes: Option<Vec<RawNode>>,
     #[serde(default)]
     params: Vec<RawParam>,
@@ -71,6 +72,7 @@ impl RawDoc {
             version: None,
             name: self.name,
             kind: self.kind,
+            forward: self.forward,
             nodes: self.nodes,
             params: self.params,
             grads: self.grads,
@@ -100,6 +102,7 @@ pub(super) struct RawGraph {
     pub version: Option<serde_json::Value>,
     pub name: Option<String>,
     pub kind: Option<String>,
+    pub forward: Option<String>,
     pub nodes: Option<Vec<RawNode>>,
     #[serde(default)]
     pub params: Vec<RawParam>,

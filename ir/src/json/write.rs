@@ -90,6 +90,10 @@ fn write_graph(out: &mut Vec<u8>, g: &Graph, listed: &BTreeSet<String>) {
     }
     w.raw(b"\"kind\":");
     w.str(g.kind.name());
+    if let Some(f) = &g.forward {
+        w.raw(b",\"forward\":");
+        w.str(f);
+    }
     w.raw(b",\"nodes\":[\n");
     for (i, (_, n)) in g.nodes().enumerate() {
         if i > 0 {
