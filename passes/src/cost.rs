@@ -50,6 +50,11 @@ pub struct CostModel {
     pub mem_bandwidth: f64,
     /// Fixed cost of every kernel that does work, ms.
     pub launch_ms: f64,
+    /// Host time to issue one node (the executor's walk and the launch), ms: the device
+    /// starts no node before the host has issued every node up to it, so a step of many
+    /// short kernels is bound by the host. 0, the host never behind, unless calibrated.
+    #[serde(default)]
+    pub host_ms_per_node: f64,
     pub collective: CollectiveModel,
 }
 
@@ -62,6 +67,7 @@ impl Default for CostModel {
             peak_flops_fp32: 60e12,
             mem_bandwidth: 4.0e12,
             launch_ms: 0.004,
+            host_ms_per_node: 0.0,
             collective: CollectiveModel::AlphaBeta {
                 alpha_ms: 0.02,
                 beta_bytes_per_s: 360e9,

@@ -440,3 +440,27 @@ fn an_output_only_parameter_holds_only_its_shard() {
     assert!(close(s.step_ms, 1.0));
     assert_eq!(s.peak_total_bytes, 400 + 2000 + 400);
 }
+
+/// Five 0.1 ms kernels that the host issues one per millisecond: each waits for its launch,
+/// the wait is the host's and not exposed communication, and the bound is the host's 5 ms.
+#[test]
+fn a_host_slower_than_the_kernels_bounds_the_step() {
+    let mut b = Builder::new("forward_0", GraphKind::Forward);
+    let mut v = b.input("x", &[100]);
+    for i in 0..5 {
+        v = b.kernel(&format!("relu_{i}"), "aten.relu.default", &[v], &[100], 0.1);
+    }
+    let g = inserted(b.output(&[v]));
+    let fast = sim(&g).summary;
+    assert!(
+        close(fast.step_ms, 0.5) && close(fast.host_wait_ms, 0.0),
+        "{fast:?}"
+    );
+    let mut o = opts();
+    o.cost.host_ms_per_node = 1.0;
+    let s = simulate::simulate_graph(&g, &o).summary;
+    assert!(close(s.step_ms, 5.1), "{s:?}");
+    assert!(close(s.host_wait_ms, 4.6), "{s:?}");
+    assert!(close(s.exposed_comm_ms, 0.0), "{s:?}");
+    assert!(close(s.lower_bound_ms, 5.0), "{s:?}");
+}

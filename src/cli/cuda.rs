@@ -318,21 +318,74 @@ pub fn calibrate(out: &std::path::Path, max_bytes: u64, world: Option<u32>) -> R
     let comm = Comm::from_launch(&dev, &launch)?;
     let sizes = calibrate::sizes(max_bytes);
     let table = calibrate::measure(&dev, &mut pool, &comm, &sizes)?;
+    drop(pool);
+    let last = table.all_gather.last().copied().unwrap_or((0, 0.0));
+    let mut model = calibrate::cost_model(table);
+    model.host_ms_per_node = host_ms_per_node(&dev, comm, &model, launch.world)?;
     if launch.rank == 0 {
-        let last = table.all_gather.last().copied().unwrap_or((0, 0.0));
-        calibrate::write(out, &calibrate::cost_model(table))
-            .map_err(|e| format!("{}: {e}", out.display()))?;
+        calibrate::write(out, &model).map_err(|e| format!("{}: {e}", out.display()))?;
         println!(
-            "{}: {} sizes at world size {} on {} (all-gather of {} B: {:.3} ms)",
+            "{}: {} sizes at world size {} on {} (all-gather of {} B: {:.3} ms); the host issues a node in {:.2} µs",
             out.display(),
             sizes.len(),
             launch.world,
             dev.name()?,
             last.0,
-            last.1
+            last.1,
+            model.host_ms_per_node * 1e3
         );
     }
     Ok(())
+}
+
+/// The host's time to issue one node: the embedded program (a real step of many short
+/// kernels, which the host issues slower than the GPU runs them), scheduled for this world
+/// size and replayed; the median host issue time of 5 steps after a warm-up, over the nodes
+/// the simulator charges it for.
+#[cfg(feature = "cuda")]
+fn host_ms_per_node(
+    dev: &zerosched_exec_cuda::device::Device,
+    comm: zerosched_exec_cuda::nccl::Comm,
+    cost: &zerosched_passes::cost::CostModel,
+    world: u32,
+) -> Result<f64, Failure> {
+    use zerosched_exec::world::{HostInputs, run_rank};
+    use zerosched_exec::{inputs::Inputs, plans};
+    use zerosched_exec_cuda::backend::Cuda;
+    use zerosched_exec_cuda::comm::NcclComm;
+    use zerosched_exec_cuda::replay::{self, Replay, Table};
+    use zerosched_ir::Op;
+    use zerosched_passes::pipeline::{self, PipelineOptions};
+    let mut program = crate::default_program::load()?;
+    let opts = PipelineOptions {
+        schedule: zerosched_passes::schedule::ScheduleOptions {
+            world_size: world,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    pipeline::run(&pipeline::standard(), &mut program, &opts)?;
+    let nodes = program
+        .graphs
+        .iter()
+        .flat_map(|g| g.nodes())
+        .filter(|(_, n)| !matches!(n.op, Op::Placeholder | Op::GetAttr | Op::Output))
+        .count();
+    let table = Table::new(&program, cost);
+    let mut cuda = Cuda::new(dev)?;
+    let spin = replay::calibrate(&mut cuda)?;
+    let mut comm = NcclComm::new(comm);
+    let inputs = Inputs::new(0);
+    let host = HostInputs::new(&inputs);
+    let mut host_ms = Vec::new();
+    for _ in 0..6 {
+        let plans = plans::<Replay>(&program)?;
+        let b = Replay::new(&mut cuda, spin, &table);
+        let (c, h, ps) = (&mut comm, &host, &plans);
+        let (_, ms, _) = timed_step(dev, move || run_rank(ps, h, b, c))?;
+        host_ms.push(ms);
+    }
+    Ok(median_after_warmup(&host_ms) / nodes.max(1) as f64)
 }
 
 #[cfg(not(feature = "cuda"))]

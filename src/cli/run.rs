@@ -192,7 +192,7 @@ fn report_cuda(c: &CudaRun, sim: Option<&ProgramSim>, replay: bool) {
     }
     println!("{line}");
     if let Some(host) = c.host_issue_ms() {
-        println!(
+        print!(
             "  host issued the step in {host:.3} ms{}",
             if host >= 0.9 * step {
                 " (host-bound: the GPU waited for launches)"
@@ -200,6 +200,13 @@ fn report_cuda(c: &CudaRun, sim: Option<&ProgramSim>, replay: bool) {
                 ""
             }
         );
+        if let Some(t) = sim_total.filter(|t| t.host_wait_ms > 0.0) {
+            print!(
+                "; the simulator's compute waits {:.3} ms for the host",
+                t.host_wait_ms
+            );
+        }
+        println!();
     }
     if let Some(compute) = c.compute_ms {
         let exposed = (step - compute).max(0.0);
@@ -287,6 +294,7 @@ fn figures(
             "step_ms": s.total.step_ms,
             "compute_ms": s.total.compute_ms,
             "exposed_comm_ms": s.total.exposed_comm_ms,
+            "host_wait_ms": s.total.host_wait_ms,
             "peak_total_bytes": s.total.peak_total_bytes,
             "peak_gathered_bytes": s.total.peak_gathered_bytes,
         })),

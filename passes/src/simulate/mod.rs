@@ -56,11 +56,14 @@ pub struct Summary {
     pub compute_ms: f64,
     /// Sum of collective times.
     pub comm_ms: f64,
-    /// `step_ms - compute_ms`: communication the compute did not hide.
+    /// `step_ms - compute_ms - host_wait_ms`: communication the compute did not hide.
     pub exposed_comm_ms: f64,
     /// Time the compute stream spent stalled at waits and `end_backward`.
     pub stall_ms: f64,
-    /// `max(compute_ms, comm_ms)`; for a program, the sum over its graphs (they do not overlap).
+    /// Time the compute stream waited for the host to issue its next node.
+    pub host_wait_ms: f64,
+    /// `max(compute_ms, comm_ms, the host's issue time)`; for a program, the sum over its
+    /// graphs (they do not overlap).
     pub lower_bound_ms: f64,
     /// `step_ms / lower_bound_ms` (1 when the bound is 0).
     pub ratio: f64,
@@ -141,6 +144,7 @@ pub fn simulate_program(p: &Program, opts: &SimOptions) -> ProgramSim {
         total.comm_ms += s.comm_ms;
         total.exposed_comm_ms += s.exposed_comm_ms;
         total.stall_ms += s.stall_ms;
+        total.host_wait_ms += s.host_wait_ms;
         total.lower_bound_ms += s.lower_bound_ms;
         total.peak_gathered_bytes = total.peak_gathered_bytes.max(s.peak_gathered_bytes);
         total.gathers += s.gathers;
@@ -166,6 +170,8 @@ pub fn simulate_graph(g: &Graph, opts: &SimOptions) -> GraphSim {
         compute_total,
         comm_total,
         stall,
+        t_host,
+        host_wait,
         mut mem,
         timeline,
         gathers,
@@ -175,7 +181,7 @@ pub fn simulate_graph(g: &Graph, opts: &SimOptions) -> GraphSim {
     } = sim;
     mem.finish();
     let step = t_compute.max(t_comm);
-    let bound = compute_total.max(comm_total);
+    let bound = compute_total.max(comm_total).max(t_host);
     GraphSim {
         graph: g.label().to_owned(),
         kind: g.kind.name(),
@@ -183,8 +189,9 @@ pub fn simulate_graph(g: &Graph, opts: &SimOptions) -> GraphSim {
             step_ms: step,
             compute_ms: compute_total,
             comm_ms: comm_total,
-            exposed_comm_ms: step - compute_total,
+            exposed_comm_ms: (step - compute_total - host_wait).max(0.0),
             stall_ms: stall,
+            host_wait_ms: host_wait,
             lower_bound_ms: bound,
             ratio: ratio(step, bound),
             peak_gathered_bytes: mem.peak_gathered,
@@ -229,9 +236,12 @@ struct Sim<'a> {
     released: SideTable<bool>,
     t_compute: f64,
     t_comm: f64,
+    /// The host's clock: when it has issued the nodes walked so far.
+    t_host: f64,
     compute_total: f64,
     comm_total: f64,
     stall: f64,
+    host_wait: f64,
     mem: Memory,
     timeline: Timeline,
     gathers: usize,
@@ -271,9 +281,11 @@ impl<'a> Sim<'a> {
             released: SideTable::new(g, false),
             t_compute: 0.0,
             t_comm: 0.0,
+            t_host: 0.0,
             compute_total: 0.0,
             comm_total: 0.0,
             stall: 0.0,
+            host_wait: 0.0,
             mem: Memory::default(),
             timeline: Timeline::default(),
             gathers: 0,
@@ -323,6 +335,9 @@ impl<'a> Sim<'a> {
         let mut bucket_end = 0;
         for (i, &id) in order.iter().enumerate() {
             let n = g.node(id);
+            if !matches!(n.op, Op::Placeholder | Op::GetAttr | Op::Output) {
+                self.t_host += self.opts.cost.host_ms_per_node;
+            }
             let t = self.t_compute;
             match self.comm[id] {
                 Some(CommOp::AllGather) => {
@@ -387,8 +402,13 @@ impl<'a> Sim<'a> {
     }
 
     fn compute(&mut self, id: NodeId) {
-        let start = self.t_compute;
         let dur = self.cost[id];
+        if dur > 0.0 && self.t_host > self.t_compute {
+            // A kernel the host has not issued yet: the stream idles until it has.
+            self.host_wait += self.t_host - self.t_compute;
+            self.t_compute = self.t_host;
+        }
+        let start = self.t_compute;
         if self.owns_storage(id) && !matches!(self.g.node(id).op, Op::Placeholder | Op::GetAttr) {
             self.mem.alloc(start, self.bytes[id], false);
         }
@@ -466,7 +486,7 @@ impl<'a> Sim<'a> {
             .opts
             .cost
             .collective_ms(kind, bytes, self.opts.world_size);
-        let start_ms = self.t_compute.max(self.t_comm);
+        let start_ms = self.t_compute.max(self.t_comm).max(self.t_host);
         let end_ms = start_ms + dur;
         for &m in &nodes {
             self.comm_end[m] = end_ms;
