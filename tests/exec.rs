@@ -937,3 +937,36 @@ fn a_shard_only_the_output_reads_is_held_as_a_shard() {
         }
     }
 }
+
+/// A rank that keeps only its outputs' checksums (a GPU run of a large step without
+/// `--outputs`) holds no output on the host, and its checksums are the kept outputs' own.
+#[test]
+fn checksums_without_kept_outputs_are_the_outputs_checksums() {
+    use zerosched_exec::world::{HostInputs, run_rank};
+    let p = schedule(&fixture("llama.program"), "prefetch", 1);
+    let kept = run(&p, 1, None).expect("run");
+    let inputs = Inputs::new(SEED);
+    let host = HostInputs::new(&inputs);
+    let plans = zerosched_exec::plans::<Cpu>(&p).expect("plans");
+    let mut comm = ThreadComm::world(1).remove(0);
+    let lean = run_rank(&plans, &host, Cpu, &mut comm, false).expect("run");
+    assert_eq!(lean.graphs.len(), kept.graphs.len());
+    for ((outputs, sums, _), g) in lean.graphs.iter().zip(&kept.graphs) {
+        assert!(
+            outputs.iter().all(Option::is_none),
+            "{}: an output kept",
+            g.graph
+        );
+        let want: Vec<_> = g.outputs[0]
+            .iter()
+            .map(|t| t.as_ref().map(Tensor::checksum))
+            .collect();
+        assert!(
+            want.iter().any(Option::is_some),
+            "{}: no output to check",
+            g.graph
+        );
+        assert_eq!(sums, &want, "{}", g.graph);
+        assert_eq!(&g.checksums[0], &want, "{}", g.graph);
+    }
+}

@@ -31,8 +31,8 @@ pub fn unavailable() -> Option<Failure> {
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub enum Mode {
     /// The kernels, on data; `steps` steps on the same inputs, the first a warm-up when
-    /// there are several.
-    Numeric { steps: u32 },
+    /// there are several; the outputs kept on the host, or only their checksums.
+    Numeric { steps: u32, keep_outputs: bool },
     /// Calibrated spins of the cost model's durations, on uninitialised buffers; `steps`
     /// steps, the first a warm-up when there are several.
     Replay {
@@ -161,7 +161,10 @@ pub fn run_program(
     let mut step_ms = Vec::new();
     let mut host_ms = Vec::new();
     let (run, compute_ms) = match mode {
-        Mode::Numeric { steps } => {
+        Mode::Numeric {
+            steps,
+            keep_outputs,
+        } => {
             let mut spans = Spans::default();
             let mut last = None;
             for _ in 0..(*steps).max(1) {
@@ -170,7 +173,8 @@ pub fn run_program(
                     cuda.pool.reset_peaks();
                     let b = Numeric::new(&mut cuda, &mut spans);
                     let (c, h, ps) = (&mut comm, &host, &plans);
-                    let (_, _, r) = timed_step(&dev, move || run_rank(ps, h, b, c))?;
+                    let keep = *keep_outputs;
+                    let (_, _, r) = timed_step(&dev, move || run_rank(ps, h, b, c, keep))?;
                     ProgramRun::of_rank(&plans, r)
                 };
                 spans.close()?;
@@ -189,7 +193,7 @@ pub fn run_program(
                 cuda.pool.reset_peaks();
                 let b = Replay::new(&mut cuda, spin, &table);
                 let (c, h, ps) = (&mut comm, &host, &plans);
-                let (ms, host, r) = timed_step(&dev, move || run_rank(ps, h, b, c))?;
+                let (ms, host, r) = timed_step(&dev, move || run_rank(ps, h, b, c, false))?;
                 step_ms.push(ms);
                 host_ms.push(host);
                 last = Some(ProgramRun::of_rank(&plans, r));
@@ -280,7 +284,7 @@ pub fn profile(
         let mut cuda = Cuda::new(&dev)?;
         let host = HostInputs::new(inputs);
         let backend = Numeric::profiling(&mut cuda, runs, &mut times);
-        run_rank(&plans, &host, backend, &mut comm)?;
+        run_rank(&plans, &host, backend, &mut comm, false)?;
         device
     };
     Ok((times.write(program), device))
@@ -382,7 +386,7 @@ fn host_ms_per_node(
         let plans = plans::<Replay>(&program)?;
         let b = Replay::new(&mut cuda, spin, &table);
         let (c, h, ps) = (&mut comm, &host, &plans);
-        let (_, ms, _) = timed_step(dev, move || run_rank(ps, h, b, c))?;
+        let (_, ms, _) = timed_step(dev, move || run_rank(ps, h, b, c, false))?;
         host_ms.push(ms);
     }
     Ok(median_after_warmup(&host_ms) / nodes.max(1) as f64)

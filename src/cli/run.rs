@@ -138,6 +138,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         } else {
             Mode::Numeric {
                 steps: args.steps.unwrap_or(1),
+                keep_outputs: args.outputs.is_some(),
             }
         };
         let c = super::cuda::run_program(&program, &inputs, world, &mode)?;
@@ -274,10 +275,8 @@ fn figures(
         "peak_gathered": run.peak_gathered(),
         // Rank 0's outputs per graph: [sum, absolute sum] (null without data).
         "checksums": run.graphs.iter().map(|g| {
-            g.outputs.first().map(|outs| outs.iter().map(|t| t.as_ref().map(|t| {
-                let (sum, abs) = t.checksum();
-                [sum, abs]
-            })).collect::<Vec<_>>())
+            g.checksums.first().map(|sums| sums.iter().map(|s| s.map(|(sum, abs)| [sum, abs]))
+                .collect::<Vec<_>>())
         }).collect::<Vec<_>>(),
         "cuda": cuda.map(|c| serde_json::json!({
             "rank": c.rank,
@@ -319,10 +318,12 @@ fn report(
     for (gi, g) in run.graphs.iter().enumerate() {
         println!("graph {}: {} nodes", g.graph, g.nodes);
         let returns = program.graphs[gi].output_values();
+        let sums = g.checksums.first();
         if let Some(outs) = g.outputs.first() {
             for (slot, o) in outs.iter().enumerate() {
-                match o {
-                    Some(t) => {
+                let sum = sums.and_then(|s| s.get(slot).copied().flatten());
+                match (o, sum) {
+                    (Some(t), _) => {
                         let (sum, abs) = t.checksum();
                         println!(
                             "  output {slot}: {:?} {} sum {sum:.9e} abs-sum {abs:.9e}",
@@ -330,12 +331,17 @@ fn report(
                             t.dtype
                         );
                     }
-                    None if (args.dry_run || args.replay)
-                        && returns.get(slot).is_some_and(|a| a.as_node().is_some()) =>
+                    // Not kept on the host (a GPU run without `--outputs`).
+                    (None, Some((sum, abs))) => {
+                        println!("  output {slot}: sum {sum:.9e} abs-sum {abs:.9e}")
+                    }
+                    (None, None)
+                        if (args.dry_run || args.replay)
+                            && returns.get(slot).is_some_and(|a| a.as_node().is_some()) =>
                     {
                         println!("  output {slot}: (no data)")
                     }
-                    None => println!("  output {slot}: None"),
+                    (None, None) => println!("  output {slot}: None"),
                 }
             }
         }

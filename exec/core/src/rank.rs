@@ -43,6 +43,8 @@ pub(crate) struct Rank<'a, B: Backend, C: Communicator<B>> {
     /// takes a carried value only in a backward graph, from its forward's outputs, and every
     /// other input comes from the inputs (the eager code between graph breaks makes them).
     paired: bool,
+    /// Whether the graphs' outputs are kept on the host (else only their checksums).
+    keep_outputs: bool,
 }
 
 /// One graph's tables on one rank.
@@ -68,6 +70,8 @@ impl<T, P> Tables<T, P> {
 /// What one graph left on one rank.
 pub(crate) struct RankGraph {
     pub outputs: Vec<Option<crate::host::Tensor>>,
+    /// Each output's (sum, absolute sum), kept where the outputs themselves are not.
+    pub checksums: Vec<Option<(f64, f64)>>,
     pub counter: Counter,
 }
 
@@ -87,12 +91,13 @@ fn malformed(m: &str) -> NodeError {
 
 impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
     /// `paired`: whether the program's backward graphs name their forward graphs
-    /// ([`Graph::forward`]).
+    /// ([`Graph::forward`]); `keep_outputs`: whether the outputs are kept on the host.
     pub fn new(
         backend: B,
         comm: &'a mut C,
         host: &'a HostInputs<'a>,
         paired: bool,
+        keep_outputs: bool,
     ) -> Rank<'a, B, C> {
         Rank {
             backend,
@@ -102,6 +107,7 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
             carried: BTreeMap::new(),
             last_by_name: BTreeMap::new(),
             paired,
+            keep_outputs,
         }
     }
 
@@ -524,16 +530,20 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
         }
         let out_node = g.output();
         let mut outputs = Vec::with_capacity(w.outputs.len());
+        let mut checksums = Vec::with_capacity(w.outputs.len());
         let values = g.output_values();
         for (slot, o) in std::mem::take(&mut w.outputs).into_iter().enumerate() {
             let Some(t) = o else {
                 outputs.push(None);
+                checksums.push(None);
                 continue;
             };
             let host = self.backend.download(&t).map_err(|e| {
                 node_err(g, out_node.unwrap_or(NodeId::new(0)), NodeError::Backend(e))
             })?;
-            outputs.push(host);
+            checksums.push(host.as_ref().map(crate::host::Tensor::checksum));
+            // Held one at a time otherwise: a large step's outputs exceed the host's memory.
+            outputs.push(host.filter(|_| self.keep_outputs));
             if let Some(v) = values.get(slot).and_then(Arg::as_node) {
                 let carried = self.backend.share(&t);
                 self.carry(g, &g.node(*v).name, carried);
@@ -547,6 +557,7 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
         }
         Ok(RankGraph {
             outputs,
+            checksums,
             counter: w.counter,
         })
     }

@@ -21,6 +21,8 @@ pub struct GraphRun {
     /// Per rank, the returned values in output order (`None` for non-tensors, and for every
     /// value of a backend without data).
     pub outputs: Vec<Vec<Option<host::Tensor>>>,
+    /// Per rank, each output's (sum, absolute sum), also where the outputs were not kept.
+    pub checksums: Vec<Vec<Option<(f64, f64)>>>,
     /// Per rank, the allocator's figures for this graph.
     pub memory: Vec<Counter>,
     pub nodes: usize,
@@ -64,9 +66,10 @@ impl ProgramRun {
         let graphs = plans
             .iter()
             .zip(run.graphs)
-            .map(|(plan, (outputs, counter))| GraphRun {
+            .map(|(plan, (outputs, checksums, counter))| GraphRun {
                 graph: plan.graph().label().to_owned(),
                 outputs: vec![outputs],
+                checksums: vec![checksums],
                 memory: vec![counter],
                 nodes: plan.graph().len(),
             })
@@ -104,24 +107,34 @@ impl<'a> HostInputs<'a> {
 
 /// What one rank computed and measured, graph by graph.
 pub struct RankRun {
-    /// Per graph: the outputs in output order, and the allocator's figures.
-    pub graphs: Vec<(Vec<Option<host::Tensor>>, Counter)>,
+    /// Per graph: the outputs in output order, their checksums, and the allocator's figures.
+    pub graphs: Vec<Checked>,
 }
 
+/// One graph's outputs on one rank (`None` where not kept), their (sum, absolute sum), and
+/// the allocator's figures.
+pub type Checked = (Vec<Option<host::Tensor>>, Vec<Option<(f64, f64)>>, Counter);
+
 /// Runs every graph of the plans in order on one rank. On failure the communicator is aborted,
-/// so that the other ranks stop too.
+/// so that the other ranks stop too. Without `keep_outputs`, only the outputs' checksums stay
+/// on the host.
 pub fn run_rank<B: Backend, C: Communicator<B>>(
     plans: &[Plan<'_, B>],
     host: &HostInputs<'_>,
     backend: B,
     comm: &mut C,
+    keep_outputs: bool,
 ) -> Result<RankRun, ExecError> {
     let paired = plans.iter().any(|p| p.graph().forward.is_some());
-    let mut rank = Rank::new(backend, comm, host, paired);
+    let mut rank = Rank::new(backend, comm, host, paired, keep_outputs);
     let mut graphs = Vec::with_capacity(plans.len());
     for plan in plans {
         match rank.run_graph(plan) {
-            Ok(RankGraph { outputs, counter }) => graphs.push((outputs, counter)),
+            Ok(RankGraph {
+                outputs,
+                checksums,
+                counter,
+            }) => graphs.push((outputs, checksums, counter)),
             Err(e) => {
                 rank.comm.abort();
                 return Err(e);
@@ -154,7 +167,7 @@ where
         let rank = comm.rank();
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let b = backend(rank).map_err(|source| ExecError::Rank { rank, source })?;
-            run_rank(plans, &host, b, &mut comm)
+            run_rank(plans, &host, b, &mut comm, true)
         }));
         if !matches!(run, Ok(Ok(_))) {
             comm.abort();
@@ -199,13 +212,17 @@ where
         .enumerate()
         .map(|(gi, plan)| {
             let g = plan.graph();
-            let (outputs, memory) = runs
-                .iter_mut()
-                .map(|r| std::mem::take(&mut r.graphs[gi]))
-                .unzip();
+            let (mut outputs, mut checksums, mut memory) = (vec![], vec![], vec![]);
+            for r in &mut runs {
+                let (o, c, m) = std::mem::take(&mut r.graphs[gi]);
+                outputs.push(o);
+                checksums.push(c);
+                memory.push(m);
+            }
             GraphRun {
                 graph: g.label().to_owned(),
                 outputs,
+                checksums,
                 memory,
                 nodes: g.len(),
             }
