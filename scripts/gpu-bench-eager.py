@@ -177,25 +177,47 @@ def last_uses(g: dict) -> list[list[str]]:
     return per
 
 
+class Links:
+    """Values graphs return for later graphs, linked as the executor links them
+    (docs/format.md): a backward graph's placeholders read its `forward`'s outputs; in a
+    document without any `forward`, the latest graph that returned the name."""
+
+    def __init__(self, doc: dict):
+        self.paired = any("forward" in g for g in doc["graphs"])
+        self.carried: dict[tuple[str, str], torch.Tensor] = {}
+        self.latest: dict[str, str] = {}
+
+    def take(self, g: dict, name: str):
+        src = g.get("forward")
+        if src is None:
+            if self.paired:
+                return None
+            src = self.latest.get(name, "")
+        return self.carried.pop((src, name), None)
+
+    def carry(self, g: dict, name: str, v: torch.Tensor) -> None:
+        label = g.get("name", "")
+        self.carried[(label, name)] = v
+        if not self.paired:
+            old = self.latest.get(name)
+            if old is not None and old != label:
+                self.carried.pop((old, name), None)
+            self.latest[name] = label
+
+
 def run_step(doc: dict, inputs: dict[str, torch.Tensor], drops: list[list[list[str]]]) -> list[list]:
     """One step: every graph in order (`drops`: each graph's `last_uses`, computed once outside
     the timed steps); returns each graph's outputs."""
-    # Linked as the executor links them (docs/format.md): a backward graph's placeholders read
-    # its `forward`'s outputs; without any `forward`, the latest graph that returned the name.
-    paired = any("forward" in g for g in doc["graphs"])
-    carried: dict[tuple[str, str], torch.Tensor] = {}
-    latest: dict[str, str] = {}
+    links = Links(doc)
     outs = []
     for g, graph_drops in zip(doc["graphs"], drops):
         params = {p["node"]: p["name"] for p in g.get("params", [])}
-        src = g.get("forward") or (None if paired else "")
         env: dict = {}
         result = []
         for n, dropped in zip(g["nodes"], graph_drops):
             name = n["name"]
             if n["op"] == "placeholder":
-                key = (src or latest.get(name, ""), name)
-                linked = carried.pop(key, None) if src is not None else None
+                linked = links.take(g, name)
                 env[name] = inputs[params[name]] if name in params else (
                     linked if linked is not None else inputs.get(name))
             elif n["op"] == "get_attr":
@@ -208,12 +230,7 @@ def run_step(doc: dict, inputs: dict[str, torch.Tensor], drops: list[list[list[s
                 env.pop(d, None)
         for a, v in zip(next(n for n in g["nodes"] if n["op"] == "output")["args"][0], result):
             if isinstance(a, dict) and "node" in a:
-                carried[(g.get("name", ""), a["node"])] = v
-                if not paired:
-                    old = latest.get(a["node"])
-                    if old is not None and old != g.get("name", ""):
-                        carried.pop((old, a["node"]), None)
-                    latest[a["node"]] = g.get("name", "")
+                links.carry(g, a["node"], v)
         outs.append(result)
     return outs
 

@@ -46,35 +46,21 @@ fn problems(p: &Program) -> Vec<String> {
 #[test]
 fn a_forward_must_be_an_earlier_forward_graph_of_the_bundle_named_once() {
     assert_eq!(problems(&fragments()), Vec::<String>::new());
-
-    let mut later = fragments();
-    later.graphs[2].forward = Some("b0".into());
-    let msgs = problems(&later);
-    assert_eq!(msgs.len(), 1, "{msgs:?}");
-    assert!(
-        msgs[0].contains("b1") && msgs[0].contains("forward"),
-        "{msgs:?}"
-    );
-    assert!(
-        msgs[0].contains("`b0` is no earlier forward graph"),
-        "{msgs:?}"
-    );
-
-    let mut twice = fragments();
-    twice.graphs[3].forward = Some("f1".into());
-    let msgs = problems(&twice);
-    assert!(
-        msgs.len() == 1 && msgs[0].contains("already the forward of `b1`"),
-        "{msgs:?}"
-    );
-
-    let mut on_forward = fragments();
-    on_forward.graphs[1].forward = Some("f0".into());
-    let msgs = problems(&on_forward);
-    assert!(
-        msgs.len() == 1 && msgs[0].contains("a forward graph names a forward"),
-        "{msgs:?}"
-    );
+    // (graph, its name, the forward it is given, what the one error says besides its place)
+    let cases = [
+        (2, "b1", "b0", "`b0` is no earlier forward graph"),
+        (3, "b0", "f1", "already the forward of `b1`"),
+        (1, "f1", "f0", "a forward graph names a forward"),
+    ];
+    for (graph, name, forward, says) in cases {
+        let mut p = fragments();
+        p.graphs[graph].forward = Some(forward.into());
+        let msgs = problems(&p);
+        assert!(
+            msgs.len() == 1 && msgs[0].contains(name) && msgs[0].contains(says),
+            "{name}: {msgs:?}"
+        );
+    }
 }
 
 /// A backward graph written alone names a forward its document does not hold.

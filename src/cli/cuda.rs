@@ -144,7 +144,6 @@ pub fn run_program(
     use zerosched_exec_cuda::device::Device;
     use zerosched_exec_cuda::nccl::Comm;
     use zerosched_exec_cuda::profile::{Numeric, Spans};
-    use zerosched_exec_cuda::replay::{self, Replay, Table};
     let l = launch(world)?;
     inputs.check(program)?;
     let dev = Device::open(l.local_rank as usize)?;
@@ -184,22 +183,10 @@ pub fn run_program(
             (last.ok_or("no step ran")?, None)
         }
         Mode::Replay { cost, steps } => {
-            let table = Table::new(program, cost);
-            let spin = replay::calibrate(&mut cuda)?;
-            let mut last = None;
-            for _ in 0..(*steps).max(1) {
-                // Plans per step: each borrows this step's backend type.
-                let plans = plans::<Replay>(program)?;
-                cuda.pool.reset_peaks();
-                let b = Replay::new(&mut cuda, spin, &table);
-                let (c, h, ps) = (&mut comm, &host, &plans);
-                let (ms, host, r) = timed_step(&dev, move || run_rank(ps, h, b, c, false))?;
-                step_ms.push(ms);
-                host_ms.push(host);
-                last = Some(ProgramRun::of_rank(&plans, r));
-            }
-            let run = last.ok_or("no step ran")?;
-            (run, Some(table.compute_us() / 1e3))
+            let r = replay_steps(&dev, &mut cuda, &mut comm, &host, program, cost, *steps)?;
+            step_ms = r.step_ms;
+            host_ms = r.host_ms;
+            (r.run, Some(r.compute_ms))
         }
     };
     let pool = cuda.pool_stats();
@@ -223,6 +210,54 @@ pub fn run_program(
     _mode: &Mode,
 ) -> Result<CudaRun, Failure> {
     Err(unavailable().unwrap_or_else(|| "no CUDA backend".into()))
+}
+
+/// `steps` replayed steps of a program (the first a warm-up when there are several).
+#[cfg(feature = "cuda")]
+struct Replayed {
+    /// Each step's event-timed milliseconds.
+    step_ms: Vec<f64>,
+    /// Each step's milliseconds of the host's issue.
+    host_ms: Vec<f64>,
+    /// The last step's run.
+    run: zerosched_exec::ProgramRun,
+    /// The cost model's compute of one step, which the spins replay.
+    compute_ms: f64,
+}
+
+#[cfg(feature = "cuda")]
+fn replay_steps(
+    dev: &zerosched_exec_cuda::device::Device,
+    cuda: &mut zerosched_exec_cuda::backend::Cuda,
+    comm: &mut zerosched_exec_cuda::comm::NcclComm,
+    host: &zerosched_exec::world::HostInputs<'_>,
+    program: &zerosched_ir::Program,
+    cost: &zerosched_passes::cost::CostModel,
+    steps: u32,
+) -> Result<Replayed, Failure> {
+    use zerosched_exec::world::run_rank;
+    use zerosched_exec::{ProgramRun, plans};
+    use zerosched_exec_cuda::replay::{self, Replay, Table};
+    let table = Table::new(program, cost);
+    let spin = replay::calibrate(cuda)?;
+    let (mut step_ms, mut host_ms, mut last) = (Vec::new(), Vec::new(), None);
+    for _ in 0..steps.max(1) {
+        // Plans per step: each borrows this step's backend type.
+        let plans = plans::<Replay>(program)?;
+        cuda.pool.reset_peaks();
+        let b = Replay::new(cuda, spin, &table);
+        let (c, ps) = (&mut *comm, &plans);
+        let (ms, host, r) = timed_step(dev, move || run_rank(ps, host, b, c, false))?;
+        step_ms.push(ms);
+        host_ms.push(host);
+        last = Some(ProgramRun::of_rank(&plans, r));
+    }
+    Ok(Replayed {
+        step_ms,
+        host_ms,
+        run: last.ok_or("no step ran")?,
+        compute_ms: table.compute_us() / 1e3,
+    })
 }
 
 /// One step between two events on the compute stream, joined to the communication stream
@@ -353,11 +388,10 @@ fn host_ms_per_node(
     cost: &zerosched_passes::cost::CostModel,
     world: u32,
 ) -> Result<f64, Failure> {
-    use zerosched_exec::world::{HostInputs, run_rank};
-    use zerosched_exec::{inputs::Inputs, plans};
+    use zerosched_exec::inputs::Inputs;
+    use zerosched_exec::world::HostInputs;
     use zerosched_exec_cuda::backend::Cuda;
     use zerosched_exec_cuda::comm::NcclComm;
-    use zerosched_exec_cuda::replay::{self, Replay, Table};
     use zerosched_ir::Op;
     use zerosched_passes::pipeline::{self, PipelineOptions};
     let mut program = crate::default_program::load()?;
@@ -375,21 +409,12 @@ fn host_ms_per_node(
         .flat_map(|g| g.nodes())
         .filter(|(_, n)| !matches!(n.op, Op::Placeholder | Op::GetAttr | Op::Output))
         .count();
-    let table = Table::new(&program, cost);
     let mut cuda = Cuda::new(dev)?;
-    let spin = replay::calibrate(&mut cuda)?;
     let mut comm = NcclComm::new(comm);
     let inputs = Inputs::new(0);
     let host = HostInputs::new(&inputs);
-    let mut host_ms = Vec::new();
-    for _ in 0..6 {
-        let plans = plans::<Replay>(&program)?;
-        let b = Replay::new(&mut cuda, spin, &table);
-        let (c, h, ps) = (&mut comm, &host, &plans);
-        let (_, ms, _) = timed_step(dev, move || run_rank(ps, h, b, c, false))?;
-        host_ms.push(ms);
-    }
-    Ok(median_after_warmup(&host_ms) / nodes.max(1) as f64)
+    let r = replay_steps(dev, &mut cuda, &mut comm, &host, &program, cost, 6)?;
+    Ok(median_after_warmup(&r.host_ms) / nodes.max(1) as f64)
 }
 
 #[cfg(not(feature = "cuda"))]

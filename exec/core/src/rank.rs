@@ -225,16 +225,17 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
         let n = g.node(id);
         let host = self.host;
         let rank = self.comm.rank();
-        // Only a parameter's placeholder holds a shard. A forward that returns its shard for
-        // the backward (AOTAutograd saves the primals) hands it over: the same tensor,
-        // which would otherwise stay carried to the program's end beside a second copy.
+        // A forward that returns a parameter's shard for the backward (AOTAutograd saves the
+        // primals) hands it over: the same tensor, which would otherwise stay carried to the
+        // program's end beside a second copy. Only a parameter's placeholder holds a shard.
+        let carried = self.take_carried(g, &n.name);
         let v = if let Some(pi) = plan.param[id.index()] {
             let p = &g.params[pi];
             let meta = TensorMeta::new(p.shape.clone(), p.dtype);
             let sharded = plan.is_sharded_input(id);
             let world = if sharded { self.comm.world() } else { 1 };
             let want = meta.numel().unwrap_or(0).div_ceil(u64::from(world.max(1)));
-            match self.take_carried(g, &n.name) {
+            match carried {
                 Some(v) if self.backend.numel(&v) == want && self.backend.dtype(&v) == p.dtype => v,
                 other => {
                     if let Some(v) = other {
@@ -249,7 +250,7 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
                     }
                 }
             }
-        } else if let Some(v) = self.take_carried(g, &n.name) {
+        } else if let Some(v) = carried {
             v
         } else {
             let Some(Val::Tensor(meta)) = &n.meta.val else {
