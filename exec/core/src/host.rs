@@ -12,6 +12,7 @@
 //! or a shared view alike; the executor core tracks storage by alias class, not by buffer.
 
 use ndarray::{ArcArray, ArrayD, IxDyn};
+use rayon::prelude::*;
 use zerosched_ir::Dtype;
 
 pub type Arr<T> = ArcArray<T, IxDyn>;
@@ -63,6 +64,17 @@ pub fn round_to(d: Dtype, x: f32) -> f32 {
         Dtype::BFloat16 => half::bf16::from_f32(x).to_f32(),
         Dtype::Float16 => half::f16::from_f32(x).to_f32(),
         _ => x,
+    }
+}
+
+/// Elements per block of a [`Tensor::checksum`].
+pub const CHECKSUM_BLOCK: usize = 1 << 16;
+
+/// The elements in row-major order: borrowed when the array is laid out so, else copied.
+pub fn row_major<T: Clone>(a: &Arr<T>) -> std::borrow::Cow<'_, [T]> {
+    match a.as_slice() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(a.iter().cloned().collect()),
     }
 }
 
@@ -317,11 +329,30 @@ impl Tensor {
             .fold(0.0, |m: f64, d| if d.is_nan() || d > m { d } else { m })
     }
 
-    /// A checksum that is stable across machines: the sum of elements in f64, in row-major
-    /// order, and the sum of absolute values.
+    /// A checksum that is stable across machines: the sum of elements in f64, and the sum of
+    /// absolute values, each over blocks of [`CHECKSUM_BLOCK`] elements in row-major order and
+    /// then over the blocks in order, so that the figure does not depend on the host's cores.
     pub fn checksum(&self) -> (f64, f64) {
-        let v = self.to_f64_vec();
-        (v.iter().sum(), v.iter().map(|x| x.abs()).sum())
+        fn sums<T: Copy + Sync>(v: &[T], f: impl Fn(T) -> f64 + Sync) -> (f64, f64) {
+            let blocks: Vec<(f64, f64)> = v
+                .par_chunks(CHECKSUM_BLOCK)
+                .map(|c| {
+                    c.iter().fold((0.0, 0.0), |(s, a), &x| {
+                        let x = f(x);
+                        (s + x, a + x.abs())
+                    })
+                })
+                .collect();
+            blocks
+                .iter()
+                .fold((0.0, 0.0), |(s, a), &(bs, ba)| (s + bs, a + ba))
+        }
+        match &self.data {
+            Data::F32(a) => sums(&row_major(a), f64::from),
+            Data::F64(a) => sums(&row_major(a), |x| x),
+            Data::I64(a) => sums(&row_major(a), |x| x as f64),
+            Data::Bool(a) => sums(&row_major(a), |x| f64::from(u8::from(x))),
+        }
     }
 
     /// The same elements reshaped (row-major), copying only when the layout needs it.

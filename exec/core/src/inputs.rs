@@ -22,6 +22,7 @@
 
 use crate::host::Tensor;
 use ndarray::{ArrayD, IxDyn};
+use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::path::Path;
 use zerosched_ir::{Arg, Dim, Dtype, Graph, NodeId, Op, Param, Program, Val};
@@ -360,12 +361,16 @@ fn decode(dtype: safetensors::Dtype, shape: &[usize], data: &[u8]) -> Result<Ten
             data.len()
         ));
     }
-    let c = data.chunks_exact(width);
+    // On every core: a real model's parameters are gigabytes.
+    let c = || data.par_chunks_exact(width);
     // Floats widen to f32 (f64 stays), integers to i64: what the CPU backend computes in.
-    let floats = |f: fn(&[u8]) -> f32| arr(shape, c.clone().map(f).collect()).map(Data::F32);
-    let ints = |f: fn(&[u8]) -> i64| arr(shape, c.clone().map(f).collect()).map(Data::I64);
+    let floats = |f: fn(&[u8]) -> f32| arr(shape, c().map(f).collect()).map(Data::F32);
+    let ints = |f: fn(&[u8]) -> i64| arr(shape, c().map(f).collect()).map(Data::I64);
     let data = match dt {
-        Dtype::Float64 => Data::F64(arr(shape, c.map(|b| f64::from_le_bytes(le(b))).collect())?),
+        Dtype::Float64 => Data::F64(arr(
+            shape,
+            c().map(|b| f64::from_le_bytes(le(b))).collect(),
+        )?),
         Dtype::Float32 => floats(|b| f32::from_le_bytes(le(b)))?,
         Dtype::BFloat16 => floats(|b| half::bf16::from_le_bytes(le(b)).to_f32())?,
         Dtype::Float16 => floats(|b| half::f16::from_le_bytes(le(b)).to_f32())?,
@@ -376,9 +381,26 @@ fn decode(dtype: safetensors::Dtype, shape: &[usize], data: &[u8]) -> Result<Ten
         Dtype::UInt16 => ints(|b| u16::from_le_bytes(le(b)).into())?,
         Dtype::Int8 => ints(|b| i8::from_le_bytes(le(b)).into())?,
         Dtype::UInt8 => ints(|b| b[0].into())?,
-        _ => Data::Bool(arr(shape, c.map(|b| b[0] != 0).collect())?),
+        _ => Data::Bool(arr(shape, c().map(|b| b[0] != 0).collect())?),
     };
     Ok(Tensor { dtype: dt, data })
+}
+
+/// `n` elements of `rng`'s stream, element `i` from its `i`-th draw (on every core: a draw is
+/// the stream's position, so the values do not depend on how the work is split).
+fn draws<T: Send>(
+    rng: &mut SplitMix,
+    n: usize,
+    f: impl Fn(u64) -> T + Sync + Send,
+) -> Result<Vec<T>, String> {
+    let mut v: Vec<T> = reserve(n)?;
+    let base = *rng;
+    (0..n)
+        .into_par_iter()
+        .map(|i| f(base.at(i as u64)))
+        .collect_into_vec(&mut v);
+    rng.skip(n as u64);
+    Ok(v)
 }
 
 fn random(
@@ -388,21 +410,28 @@ fn random(
     scale: f64,
     bound: i64,
 ) -> Result<Tensor, String> {
+    use crate::host::{Data, Kind, round_to};
     let n = shape
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .ok_or_else(|| format!("{shape:?} has more elements than this machine can address"))?;
+    fn arr<T>(shape: &[usize], v: Vec<T>) -> Result<ArrayD<T>, String> {
+        ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| e.to_string())
+    }
     if dtype.is_floating() {
-        let mut v: Vec<f64> = reserve(n)?;
-        v.extend((0..n).map(|_| (rng.unit() * 2.0 - 1.0) * scale));
-        let a = ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| e.to_string())?;
-        <f64 as crate::host::Elem>::wrap(a, dtype)
+        let x = move |d: u64| (unit(d) * 2.0 - 1.0) * scale;
+        // Held as the host holds the dtype, rounded to it: bf16 values stay 4 bytes, not 8.
+        let data = match crate::host::kind(dtype)? {
+            Kind::F32 => Data::F32(
+                arr(shape, draws(rng, n, move |d| round_to(dtype, x(d) as f32))?)?.into_shared(),
+            ),
+            _ => Data::F64(arr(shape, draws(rng, n, x)?)?.into_shared()),
+        };
+        Ok(Tensor { dtype, data })
     } else {
-        let hi = bound.max(1);
-        let mut v: Vec<i64> = reserve(n)?;
-        v.extend((0..n).map(|_| (rng.next() % hi as u64) as i64));
-        let a = ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| e.to_string())?;
-        <i64 as crate::host::Elem>::wrap(a, dtype)
+        let hi = bound.max(1) as u64;
+        let v = draws(rng, n, move |d| (d % hi) as i64)?;
+        <i64 as crate::host::Elem>::wrap(arr(shape, v)?, dtype)
     }
 }
 
@@ -510,19 +539,66 @@ pub fn group_end(g: &Graph, id: NodeId) -> Option<i64> {
 }
 
 /// SplitMix64 (Steele, Lea and Flood 2014): a 64-bit state, one multiply-xorshift per draw.
+#[derive(Clone, Copy)]
 struct SplitMix(u64);
+
+const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// SplitMix64's output function.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Uniform in [0, 1) from a draw's 53 high bits.
+fn unit(d: u64) -> f64 {
+    (d >> 11) as f64 / (1u64 << 53) as f64
+}
 
 impl SplitMix {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0 = self.0.wrapping_add(GAMMA);
+        mix(self.0)
     }
 
-    /// Uniform in [0, 1), 53 bits.
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    /// The draw `i` places ahead (`at(0)` is what `next` returns), without moving.
+    fn at(self, i: u64) -> u64 {
+        mix(self.0.wrapping_add(i.wrapping_add(1).wrapping_mul(GAMMA)))
+    }
+
+    fn skip(&mut self, n: u64) {
+        self.0 = self.0.wrapping_add(n.wrapping_mul(GAMMA));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drawn on every core, a tensor's elements are the stream's draws in order, as one
+    /// sequential walk of it gives them, and the stream ends where that walk ends.
+    #[test]
+    fn parallel_draws_are_the_sequential_stream() {
+        let n = 3 * (1 << 16) + 5;
+        let mut par = Inputs::new(7).rng("w", 1);
+        let mut seq = par;
+        let got = draws(&mut par, n, |d| d).unwrap();
+        let want: Vec<u64> = (0..n).map(|_| seq.next()).collect();
+        assert_eq!(got, want);
+        assert_eq!(par.next(), seq.next());
+    }
+
+    /// A bf16 input holds its values rounded to bf16 (as f32), drawn in [-scale, scale).
+    #[test]
+    fn a_bf16_input_is_rounded_and_in_range() {
+        let mut rng = Inputs::new(0).rng("w", 0);
+        let t = random(&mut rng, &[64, 3], Dtype::BFloat16, 0.1, 2).unwrap();
+        let v = t.to_f64_vec();
+        assert_eq!(v.len(), 192);
+        for x in v {
+            assert!((-0.1..0.1).contains(&x), "{x}");
+            assert_eq!(f64::from(half::bf16::from_f64(x).to_f32()), x);
+        }
     }
 }

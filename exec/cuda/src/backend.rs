@@ -17,7 +17,8 @@ use crate::matmul::{Blas, Gemm};
 use crate::ops::{attention, conv, create, index, linalg, loss, norm, regions, routing};
 use crate::owners::Owners;
 use crate::pool::{Block, Pool, PoolStats};
-use zerosched_exec::host::{self, Data};
+use crate::storage::{decode_tensor, encode, encode_tensor};
+use zerosched_exec::host;
 use zerosched_exec::{Backend, BackendError, Env, NodeError, Value};
 use zerosched_ir::{Arg, Dtype, NodeId, TensorMeta};
 
@@ -266,66 +267,6 @@ pub(crate) fn broadcast_shape<'a>(
     Ok(out)
 }
 
-/// Storage bytes of `v` in `e` (floats rounded to nearest even).
-pub(crate) fn encode(e: Elem, v: &[f64]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(v.len() * e.bytes());
-    for &x in v {
-        match e {
-            Elem::F32 => b.extend_from_slice(&(x as f32).to_le_bytes()),
-            Elem::BF16 => b.extend_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
-            Elem::F16 => b.extend_from_slice(&half::f16::from_f64(x).to_le_bytes()),
-            Elem::I64 => b.extend_from_slice(&(x as i64).to_le_bytes()),
-            Elem::I32 => b.extend_from_slice(&(x as i32).to_le_bytes()),
-            Elem::Bool => b.push(u8::from(x != 0.0)),
-        }
-    }
-    b
-}
-
-pub(crate) fn decode(e: Elem, b: &[u8]) -> Vec<f64> {
-    b.chunks_exact(e.bytes())
-        .map(|c| match e {
-            Elem::F32 => f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            Elem::BF16 => half::bf16::from_le_bytes([c[0], c[1]]).to_f64(),
-            Elem::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f64(),
-            Elem::I64 => {
-                i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64
-            }
-            Elem::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            Elem::Bool => f64::from(c[0]),
-        })
-        .collect()
-}
-
-/// A host tensor of `dtype` from f64 values (the host's storage kind for the dtype).
-fn host_tensor(dtype: Dtype, shape: &[usize], v: Vec<f64>) -> Result<host::Tensor, String> {
-    let sh = ndarray::IxDyn(shape);
-    let bad = |e: ndarray::ShapeError| e.to_string();
-    let data = match host::kind(dtype)? {
-        host::Kind::F32 => Data::F32(
-            ndarray::ArrayD::from_shape_vec(sh, v.into_iter().map(|x| x as f32).collect())
-                .map_err(bad)?
-                .into_shared(),
-        ),
-        host::Kind::F64 => Data::F64(
-            ndarray::ArrayD::from_shape_vec(sh, v)
-                .map_err(bad)?
-                .into_shared(),
-        ),
-        host::Kind::I64 => Data::I64(
-            ndarray::ArrayD::from_shape_vec(sh, v.into_iter().map(|x| x as i64).collect())
-                .map_err(bad)?
-                .into_shared(),
-        ),
-        host::Kind::Bool => Data::Bool(
-            ndarray::ArrayD::from_shape_vec(sh, v.into_iter().map(|x| x != 0.0).collect())
-                .map_err(bad)?
-                .into_shared(),
-        ),
-    };
-    Ok(host::Tensor { dtype, data })
-}
-
 impl Backend for Cuda {
     type Tensor = CudaTensor;
     type Kernel = Kernel;
@@ -366,7 +307,7 @@ impl Backend for Cuda {
         }
         let e = elem(meta.dtype).map_err(NodeError::Input)?;
         let out = self.empty(meta.dtype, &shape).map_err(NodeError::Input)?;
-        let bytes = encode(e, &t.to_f64_vec());
+        let bytes = encode_tensor(e, &t);
         self.dev
             .upload(StreamKind::Compute, out.block.ptr, &bytes)
             .map_err(|e| NodeError::Input(e.to_string()))?;
@@ -387,7 +328,7 @@ impl Backend for Cuda {
         }
         r?;
         Ok(Some(
-            host_tensor(t.dtype, &t.shape, decode(e, &bytes)).map_err(kernel_err)?,
+            decode_tensor(t.dtype, &t.shape, e, &bytes).map_err(kernel_err)?,
         ))
     }
 
@@ -1400,25 +1341,6 @@ mod tests {
         assert_eq!(broadcast_shape(s.into_iter()).unwrap(), vec![4, 5, 3]);
         let e = broadcast_shape([&[2usize][..], &[3][..]].into_iter()).unwrap_err();
         assert!(e.contains("do not broadcast"), "{e}");
-    }
-
-    #[test]
-    fn storage_bytes_round_trip_per_dtype() {
-        for (e, v) in [
-            (Elem::F32, 1.5),
-            (Elem::BF16, -2.0),
-            (Elem::F16, 0.25),
-            (Elem::I64, -7.0),
-            (Elem::I32, 9.0),
-            (Elem::Bool, 1.0),
-        ] {
-            assert_eq!(decode(e, &encode(e, &[v])), vec![v], "{e:?}");
-        }
-        assert_eq!(
-            decode(Elem::BF16, &encode(Elem::BF16, &[1.0 + 1.0 / 256.0])),
-            vec![1.0],
-            "bf16 rounds to nearest even"
-        );
     }
 
     #[test]

@@ -25,5 +25,6 @@ pub mod pool;
 pub mod profile;
 pub mod rendezvous;
 pub mod replay;
+mod storage;
 
 pub use error::{CudaError, Result};
