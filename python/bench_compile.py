@@ -7,8 +7,7 @@ or larger ones with --layers/--hidden), rank 0 reports:
   less a steady step: dynamo, AOTAutograd, zerosched and the inner compiler;
 * unsharded compile: the same for the model unsharded under ``torch.compile`` with the same inner
   compiler (Inductor, or ``aot_eager`` for ``--inner eager``);
-* zerosched: export + schedule (the Rust core) + rebuild + the fake-tensor propagation Inductor
-  needs, summed over the graphs, and the Rust part alone, both as shares of compile; Inductor:
+* zerosched: export + schedule (the Rust core) + rebuild, summed over the graphs, and the Rust part alone, both as shares of compile; Inductor:
   its compile of the rebuilt graphs;
 * steps/s of the sharded compiled model and of the same model unsharded and eager, on the same
   per-rank batch, medians of ``--steps`` steps.
@@ -112,7 +111,6 @@ def _measure(name: str, args) -> dict:
         "export_s": after.export_s - before.export_s,
         "schedule_s": after.schedule_s - before.schedule_s,
         "rebuild_s": after.rebuild_s - before.rebuild_s,
-        "fake_prop_s": after.fake_prop_s - before.fake_prop_s,
         "inductor_s": after.inductor_s - before.inductor_s,
         "unsharded_compile_s": unsharded_compile_s,
         "steps_per_s": 1 / step_s,
@@ -132,16 +130,16 @@ def _worker(rank: int, world: int, store: str, out: str, args) -> None:
 
 def table(rows: list[dict], inner: str) -> str:
     lines = [
-        f"| model | graphs | compile s | unsharded compile s | zerosched s (export + schedule + rebuild + fake "
-        f"propagation) | Inductor s | zerosched share | Rust share | steps/s, zerosched {inner} "
+        f"| model | graphs | compile s | unsharded compile s | zerosched s (export + schedule + rebuild) "
+        f"| Inductor s | zerosched share | Rust share | steps/s, zerosched {inner} "
         f"| steps/s, unsharded eager | ratio |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        zs = r["export_s"] + r["schedule_s"] + r["rebuild_s"] + r["fake_prop_s"]
+        zs = r["export_s"] + r["schedule_s"] + r["rebuild_s"]
         lines.append(
             f"| {r['model']} | {r['graphs']} | {r['compile_s']:.2f} | {r['unsharded_compile_s']:.2f} | {zs:.3f} "
-            f"({r['export_s']:.3f} + {r['schedule_s']:.3f} + {r['rebuild_s']:.3f} + {r['fake_prop_s']:.3f}) "
+            f"({r['export_s']:.3f} + {r['schedule_s']:.3f} + {r['rebuild_s']:.3f}) "
             f"| {r['inductor_s']:.2f} | {100 * zs / r['compile_s']:.1f}% "
             f"| {100 * r['schedule_s'] / r['compile_s']:.2f}% | {r['steps_per_s']:.2f} | {r['eager_steps_per_s']:.2f} "
             f"| {r['steps_per_s'] / r['eager_steps_per_s']:.2f} |"

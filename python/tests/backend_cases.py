@@ -101,6 +101,31 @@ def layers_compiled_one_by_one(inner: str) -> dict:
         torch._dynamo.reset()
 
 
+def fake_propagations() -> dict:
+    """Fake-tensor propagations over the graphs compiled with Inductor (a width no other case
+    uses: compiled afresh), and the graphs compiled."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    torch.manual_seed(0)
+    model = MLP(20)
+    h = zerosched.shard(model)
+    calls = [0]
+    init = FakeTensorProp.__init__
+
+    def counting(self, *args, **kwargs):
+        calls[0] += 1
+        init(self, *args, **kwargs)
+
+    graphs0 = zb.STATS.graphs
+    FakeTensorProp.__init__ = counting
+    try:
+        _run(model, zerosched.backend(inner="inductor"))
+    finally:
+        FakeTensorProp.__init__ = init
+        h.close()
+    return {"propagations": calls[0], "graphs": zb.STATS.graphs - graphs0}
+
+
 class Projection(torch.nn.Module):
     def __init__(self, width: int) -> None:
         super().__init__()

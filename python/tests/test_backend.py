@@ -30,6 +30,12 @@ def test_one_compiled_graph_run_for_several_layers_gathers_each_layers_parameter
         assert r["graphs"] == 8
 
 
+def test_inductor_propagates_fake_tensors_once_per_graph(ranks):
+    # Inductor propagates over the rebuilt graph itself; the backend must not do it first.
+    for r in ranks.run(backend_cases.fake_propagations):
+        assert r["graphs"] == 2 and r["propagations"] == r["graphs"], r
+
+
 def test_a_persistent_parameter_the_backward_does_not_read_is_all_reduced(ranks):
     for r in ranks.run(backend_cases.persistent_bias_reduction):
         assert "proj.bias" not in r["params"], "the backward graph should not carry the bias"

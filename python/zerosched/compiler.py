@@ -28,21 +28,19 @@ INNER = ("eager", "inductor")
 class Stats:
     """Seconds spent in zerosched by the backends of this process, and graphs compiled:
     export (FX graph to fx-graph v1 bytes), schedule (the Rust core), rebuild (parsing the
-    scheduled document and building the FX graph), and, with ``inner="inductor"``, the fake
-    tensor propagation over the rebuilt graph that Inductor needs (``fake_prop_s``) and Inductor's
-    compile of it (``inductor_s``: not zerosched's own time)."""
+    scheduled document and building the FX graph), and, with ``inner="inductor"``, Inductor's
+    compile of the rebuilt graph (``inductor_s``: not zerosched's own time)."""
 
     export_s: float = 0.0
     schedule_s: float = 0.0
     rebuild_s: float = 0.0
-    fake_prop_s: float = 0.0
     inductor_s: float = 0.0
     graphs: int = 0
     cache_hits: int = 0
 
     def total_s(self) -> float:
         """zerosched's own seconds (Inductor's compile left out)."""
-        return self.export_s + self.schedule_s + self.rebuild_s + self.fake_prop_s
+        return self.export_s + self.schedule_s + self.rebuild_s
 
 
 STATS = Stats()
@@ -243,14 +241,11 @@ def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: l
     if debug:
         _assert_same_schedule(doc)
     if inner == "inductor":
-        from torch._guards import detect_fake_mode
         from torch._inductor import config as inductor_config
         from torch._inductor.compile_fx import compile_fx_inner
-        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-        FakeTensorProp(new_gm, detect_fake_mode(ex)).propagate_dont_convert_inputs(*ex)
-        t4 = time.perf_counter()
-        STATS.fake_prop_s += t4 - t3
+        # No fake-tensor propagation here: compile_fx_inner runs its own over the whole graph
+        # (``additional_fake_tensor_prop``), which gives the new nodes their values.
         # A release frees its gathered buffer's storage where Inductor cannot see it: Inductor must
         # not hand that buffer to a later kernel (the caching allocator still recycles the memory).
         # Inductor's reordering for peak memory moves gathers ahead of releases that the schedule
@@ -261,7 +256,7 @@ def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: l
         with inductor_config.patch(allow_buffer_reuse=False, inplace_buffers=False, reorder_for_peak_memory=False,
                                    fx_graph_cache=False):
             compiled = compile_fx_inner(new_gm, ex, is_backward=kind == "backward", is_inference=kind == "inference")
-        STATS.inductor_s += time.perf_counter() - t4
+        STATS.inductor_s += time.perf_counter() - t3
         return compiled
     from functorch.compile import make_boxed_func
 
