@@ -13,7 +13,7 @@ use crate::device::{Device, StreamKind};
 use crate::error::CudaError;
 use crate::kernels::source::{Elem, Reduce, Softmax};
 use crate::kernels::{Kernels, View, contiguous_strides};
-use crate::matmul::{Blas, Gemm};
+use crate::matmul::{Blas, Gemm, Math};
 use crate::ops::{attention, conv, create, index, linalg, loss, norm, regions, routing};
 use crate::owners::Owners;
 use crate::pool::{Block, Pool, PoolStats};
@@ -1164,6 +1164,18 @@ pub(crate) fn product(
     b: &CudaTensor,
     dt: Dtype,
 ) -> Result<CudaTensor, String> {
+    product_scaled(c, a, b, dt, 1.0, Math::Exact)
+}
+
+/// `alpha · a · b` in `dt`, an f32 product multiplied as `math` says.
+pub(crate) fn product_scaled(
+    c: &mut Cuda,
+    a: &CudaTensor,
+    b: &CudaTensor,
+    dt: Dtype,
+    alpha: f32,
+    math: Math,
+) -> Result<CudaTensor, String> {
     let n = a.shape.len();
     if !(2..=3).contains(&n) || b.shape.len() != n {
         return Err(format!("product of {:?} and {:?}", a.shape, b.shape));
@@ -1206,7 +1218,10 @@ pub(crate) fn product(
             stride_b: k * nn,
             elem: elem(dt)?,
         };
-        match c.blas.gemm(&g, ta.block.ptr, tb.block.ptr, out.block.ptr) {
+        match c
+            .blas
+            .gemm_scaled(&g, alpha, math, ta.block.ptr, tb.block.ptr, out.block.ptr)
+        {
             Ok(()) => Ok(out),
             Err(e) => {
                 c.release(&out);

@@ -1,6 +1,7 @@
 //! Matrix products through cuBLAS (`cublasGemmStridedBatchedEx`): f32, bf16 and f16 inputs,
 //! f32 accumulation (`CUBLAS_COMPUTE_32F`), output in the input dtype, row-major like the
-//! executor's tensors, on the rank's compute stream.
+//! executor's tensors, on the rank's compute stream. f32 products whose operands came from
+//! 16-bit values may run on TF32 tensor cores ([`Math::Tf32`]).
 
 use crate::device::{Device, StreamKind};
 use crate::error::{CudaError, Result};
@@ -27,6 +28,17 @@ pub struct Gemm {
     pub elem: Elem,
 }
 
+/// How an f32 product multiplies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Math {
+    /// f32 products (`CUBLAS_COMPUTE_32F`).
+    Exact,
+    /// Operands rounded to TF32 (10 mantissa bits) on tensor cores, accumulated in f32
+    /// (`CUBLAS_COMPUTE_32F_FAST_TF32`): exact for operands that hold bf16 or f16 values,
+    /// within 2^-11 of each other operand, several times faster.
+    Tf32,
+}
+
 /// A cuBLAS handle bound to a rank's compute stream.
 pub struct Blas {
     dev: Device,
@@ -50,6 +62,19 @@ impl Blas {
 
     /// Queues `c = a · b` as described by `g`; `a`, `b`, `c` are device addresses.
     pub fn gemm(&self, g: &Gemm, a: u64, b: u64, c: u64) -> Result<()> {
+        self.gemm_scaled(g, 1.0, Math::Exact, a, b, c)
+    }
+
+    /// Queues `c = alpha · a · b`, multiplied as `math` says (for f32 operands).
+    pub fn gemm_scaled(
+        &self,
+        g: &Gemm,
+        alpha: f32,
+        math: Math,
+        a: u64,
+        b: u64,
+        c: u64,
+    ) -> Result<()> {
         let ty = match g.elem {
             Elem::F32 => cudaDataType::CUDA_R_32F,
             Elem::BF16 => cudaDataType::CUDA_R_16BF,
@@ -79,7 +104,11 @@ impl Blas {
         };
         let ldb_ = if g.trans_b { k } else { n };
         let lda_ = if g.trans_a { m } else { k };
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let beta = 0.0f32;
+        let compute = match (math, g.elem) {
+            (Math::Tf32, Elem::F32) => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+            _ => cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        };
         self.dev.bind()?;
         // SAFETY: the addresses are live pool blocks of the sizes `g` describes; alpha and beta
         // are host f32 as CUBLAS_COMPUTE_32F requires.
@@ -106,7 +135,7 @@ impl Blas {
                 n,
                 (g.m * g.n) as i64,
                 batch,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                compute,
                 sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }

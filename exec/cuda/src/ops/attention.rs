@@ -2,14 +2,17 @@
 //! and its `_for_cpu` form with their backwards, the ops an export on a GPU and on the CPU
 //! records): cuBLAS batched products and the generated
 //! softmax and elementwise kernels, in f32 throughout as the CPU backend computes, rounded to
-//! the outputs' dtypes once. Grouped-query heads read their key/value head; a boolean mask
+//! the outputs' dtypes once. With 16-bit inputs the products run on TF32 tensor cores: exact
+//! where an operand holds the inputs' values, within 2^-11 where it holds probabilities or
+//! their gradients, finer than the 16-bit outputs they end in. Grouped-query heads read their key/value head; a boolean mask
 //! keeps where true, a float mask is added, `is_causal` masks above the diagonal, and a row
 //! with nothing kept is 0 with a log-sum-exp of -inf.
 
 use super::{CudaTensor, Env, Temps, Value, dense};
-use crate::backend::{Cuda, number, product, reduce_dims, tensor};
+use crate::backend::{Cuda, number, product_scaled, reduce_dims, tensor};
 use crate::kernels::contiguous_strides;
 use crate::kernels::source::{Reduce, Softmax};
+use crate::matmul::Math;
 use zerosched_ir::{Arg, Dtype};
 
 const F32: Dtype = Dtype::Float32;
@@ -55,6 +58,7 @@ struct Opts {
     scale: f64,
     causal: bool,
     mask: Option<CudaTensor>,
+    math: Math,
 }
 
 fn opts(env: &Env<'_, CudaTensor>, dropout_at: usize, e: usize) -> Result<Opts, String> {
@@ -75,10 +79,15 @@ fn opts(env: &Env<'_, CudaTensor>, dropout_at: usize, e: usize) -> Result<Opts, 
         Some(a @ Arg::Node(_)) => Some(env.tensor(a)?.clone()),
         _ => None,
     };
+    // The inputs: query, key and value, right after the gradient in a backward.
+    let first = usize::from(n.target.contains("backward"));
+    let sixteen = (first..first + 3)
+        .all(|i| tensor(env, i).is_ok_and(|t| matches!(t.dtype, Dtype::BFloat16 | Dtype::Float16)));
     Ok(Opts {
         scale,
         causal,
         mask,
+        math: if sixteen { Math::Tf32 } else { Math::Exact },
     })
 }
 
@@ -123,9 +132,7 @@ fn scores(
         vec![(d.s * d.e) as i64, 1, d.e as i64],
         0,
     );
-    let raw = product(c, q3, &kt, F32)?;
-    temps.0.push(raw.clone());
-    let mut sc = c.ew("mul_scalar", &[&raw], F32, o.scale)?;
+    let mut sc = product_scaled(c, q3, &kt, F32, o.scale as f32, o.math)?;
     temps.0.push(sc.clone());
     let four = |t: &CudaTensor| {
         t.restride(
@@ -229,7 +236,7 @@ pub fn forward(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTens
             lse.block.ptr,
         )
         .map_err(|e| e.to_string())?;
-        let out = product(c, &p, &v3, F32)?;
+        let out = product_scaled(c, &p, &v3, F32, 1.0, o.math)?;
         temps.0.push(out.clone());
         let o4 = cast(c, &out, &[d.b, d.h, d.l, d.ev], d0)?;
         let l = match cast(c, &lse, &[d.b, d.h, d.l], d1) {
@@ -299,9 +306,9 @@ pub fn backward(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTen
             let (x, y) = (t.shape[1], t.shape[2]);
             t.restride(vec![bh, y, x], vec![(x * y) as i64, 1, y as i64], 0)
         };
-        let dv = product(c, &tr(&p), &go3, F32)?;
+        let dv = product_scaled(c, &tr(&p), &go3, F32, 1.0, o.math)?;
         temps.0.push(dv.clone());
-        let dp = product(c, &go3, &tr(&v3), F32)?;
+        let dp = product_scaled(c, &go3, &tr(&v3), F32, 1.0, o.math)?;
         temps.0.push(dp.clone());
         let prod = c.ew("mul", &[&go3, &o3], F32, 1.0)?;
         temps.0.push(prod.clone());
@@ -309,9 +316,9 @@ pub fn backward(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTen
         temps.0.push(di.clone());
         let ds = c.ew("mul_sub", &[&p, &dp, &di], F32, 0.0)?;
         temps.0.push(ds.clone());
-        let dq = product(c, &ds, &k3, F32)?;
+        let dq = product_scaled(c, &ds, &k3, F32, 1.0, o.math)?;
         temps.0.push(dq.clone());
-        let dk = product(c, &tr(&ds), &q3, F32)?;
+        let dk = product_scaled(c, &tr(&ds), &q3, F32, 1.0, o.math)?;
         temps.0.push(dk.clone());
         // Per query head back to [b, h, ..], key/value heads summed over their query heads.
         let dq4 = cast_scaled(c, &dq, &[d.b, d.h, d.l, d.e], o.scale, dts[0])?;
