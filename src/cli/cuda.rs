@@ -157,15 +157,13 @@ pub fn run_program(
     let mut comm = NcclComm::new(Comm::from_launch(&dev, &l)?);
     let mut cuda = Cuda::new(&dev)?;
     let host = HostInputs::new(inputs);
-    let mut step_ms = Vec::new();
-    let mut host_ms = Vec::new();
-    let (run, compute_ms) = match mode {
+    let (run, compute_ms, step_ms, host_ms) = match mode {
         Mode::Numeric {
             steps,
             keep_outputs,
         } => {
             let mut spans = Spans::default();
-            let mut last = None;
+            let (mut last, mut step_ms) = (None, Vec::new());
             for _ in 0..(*steps).max(1) {
                 let run = {
                     let plans = plans::<Numeric>(program)?;
@@ -180,13 +178,12 @@ pub fn run_program(
                 step_ms.push(spans.take_total_ms());
                 last = Some(run);
             }
-            (last.ok_or("no step ran")?, None)
+            // Numeric steps are timed per graph, so no host issue time is kept.
+            (last.ok_or("no step ran")?, None, step_ms, Vec::new())
         }
         Mode::Replay { cost, steps } => {
             let r = replay_steps(&dev, &mut cuda, &mut comm, &host, program, cost, *steps)?;
-            step_ms = r.step_ms;
-            host_ms = r.host_ms;
-            (r.run, Some(r.compute_ms))
+            (r.run, Some(r.compute_ms), r.step_ms, r.host_ms)
         }
     };
     let pool = cuda.pool_stats();

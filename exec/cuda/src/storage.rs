@@ -35,10 +35,29 @@ fn get(e: Elem, c: &[u8]) -> f64 {
     }
 }
 
+/// Writes integer `x` as `e` stores it: integers stay exact (through f64 one above 2^53 would
+/// not).
+fn put_int(e: Elem, x: i64, out: &mut [u8]) {
+    match e {
+        Elem::I64 => out.copy_from_slice(&x.to_le_bytes()),
+        Elem::I32 => out.copy_from_slice(&(x as i32).to_le_bytes()),
+        _ => put(e, x as f64, out),
+    }
+}
+
+/// The integer one element `e` stores in `c`.
+fn get_int(e: Elem, c: &[u8]) -> i64 {
+    match e {
+        Elem::I64 => i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]),
+        Elem::I32 => i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        _ => get(e, c) as i64,
+    }
+}
+
 /// Storage bytes of `v` in `e`.
 pub(crate) fn encode(e: Elem, v: &[f64]) -> Vec<u8> {
     let mut b = vec![0u8; v.len() * e.bytes()];
-    fill(e, &mut b, v, |&x| x);
+    fill(e, &mut b, v, |&x, o| put(e, x, o));
     b
 }
 
@@ -46,21 +65,24 @@ pub(crate) fn encode(e: Elem, v: &[f64]) -> Vec<u8> {
 pub(crate) fn encode_tensor(e: Elem, t: &host::Tensor) -> Vec<u8> {
     let mut b = vec![0u8; t.numel() * e.bytes()];
     match &t.data {
-        Data::F32(a) => fill(e, &mut b, &host::row_major(a), |&x| f64::from(x)),
-        Data::F64(a) => fill(e, &mut b, &host::row_major(a), |&x| x),
-        Data::I64(a) => fill(e, &mut b, &host::row_major(a), |&x| x as f64),
-        Data::Bool(a) => fill(e, &mut b, &host::row_major(a), |&x| f64::from(u8::from(x))),
+        Data::F32(a) => fill(e, &mut b, &host::row_major(a), |&x, o| put(e, x.into(), o)),
+        Data::F64(a) => fill(e, &mut b, &host::row_major(a), |&x, o| put(e, x, o)),
+        Data::I64(a) => fill(e, &mut b, &host::row_major(a), |&x, o| put_int(e, x, o)),
+        Data::Bool(a) => fill(e, &mut b, &host::row_major(a), |&x, o| {
+            put_int(e, i64::from(x), o)
+        }),
     }
     b
 }
 
-fn fill<T: Sync>(e: Elem, out: &mut [u8], v: &[T], f: impl Fn(&T) -> f64 + Sync) {
+/// Writes each element of `v` into its `e.bytes()` of `out` with `put`.
+fn fill<T: Sync>(e: Elem, out: &mut [u8], v: &[T], put: impl Fn(&T, &mut [u8]) + Sync) {
     let w = e.bytes();
     out.par_chunks_mut(CHUNK * w)
         .zip(v.par_chunks(CHUNK))
         .for_each(|(o, v)| {
             for (o, x) in o.chunks_exact_mut(w).zip(v) {
-                put(e, f(x), o);
+                put(x, o);
             }
         });
 }
@@ -76,22 +98,22 @@ pub(crate) fn decode_tensor(
         shape: &[usize],
         e: Elem,
         bytes: &[u8],
-        f: impl Fn(f64) -> T + Sync + Send,
+        f: impl Fn(&[u8]) -> T + Sync + Send,
     ) -> Result<host::Arr<T>, String> {
         let mut v = Vec::new();
         bytes
             .par_chunks_exact(e.bytes())
-            .map(|c| f(get(e, c)))
+            .map(f)
             .collect_into_vec(&mut v);
         ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), v)
             .map(ndarray::ArrayD::into_shared)
             .map_err(|e| e.to_string())
     }
     let data = match host::kind(dtype)? {
-        host::Kind::F32 => Data::F32(arr(shape, e, bytes, |x| x as f32)?),
-        host::Kind::F64 => Data::F64(arr(shape, e, bytes, |x| x)?),
-        host::Kind::I64 => Data::I64(arr(shape, e, bytes, |x| x as i64)?),
-        host::Kind::Bool => Data::Bool(arr(shape, e, bytes, |x| x != 0.0)?),
+        host::Kind::F32 => Data::F32(arr(shape, e, bytes, |c| get(e, c) as f32)?),
+        host::Kind::F64 => Data::F64(arr(shape, e, bytes, |c| get(e, c))?),
+        host::Kind::I64 => Data::I64(arr(shape, e, bytes, |c| get_int(e, c))?),
+        host::Kind::Bool => Data::Bool(arr(shape, e, bytes, |c| get(e, c) != 0.0)?),
     };
     Ok(host::Tensor { dtype, data })
 }
@@ -150,5 +172,18 @@ mod tests {
             .map(|&x| half::bf16::from_f64(x).to_f64())
             .collect();
         assert_eq!(bf.to_f64_vec(), want);
+    }
+
+    /// An int64 beyond f64's 53 bits of integers (a hash, a large index) goes up and comes
+    /// back exact.
+    #[test]
+    fn an_int64_above_2_to_the_53_round_trips_exactly() {
+        let x = (1i64 << 53) + 1;
+        let t = host::Tensor {
+            dtype: Dtype::Int64,
+            data: Data::I64(ndarray::arr1(&[x, -x]).into_dyn().into_shared()),
+        };
+        let back = decode_tensor(Dtype::Int64, &[2], Elem::I64, &encode_tensor(Elem::I64, &t));
+        assert!(back.unwrap().bitwise_eq(&t));
     }
 }

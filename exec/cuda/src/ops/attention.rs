@@ -4,8 +4,8 @@
 //! softmax and elementwise kernels, in f32 throughout as the CPU backend computes, rounded to
 //! the outputs' dtypes once. With 16-bit inputs the products run on TF32 tensor cores: exact
 //! where an operand holds the inputs' values, within 2^-11 where it holds probabilities or
-//! their gradients, finer than the 16-bit outputs they end in. Grouped-query heads read their key/value head; a boolean mask
-//! keeps where true, a float mask is added, `is_causal` masks above the diagonal, and a row
+//! their gradients, finer than the 16-bit outputs they end in. Grouped-query heads read their
+//! key/value head; a boolean mask keeps where true, a float mask is added, `is_causal` masks above the diagonal, and a row
 //! with nothing kept is 0 with a log-sum-exp of -inf.
 
 use super::{CudaTensor, Env, Temps, Value, dense};
@@ -61,7 +61,13 @@ struct Opts {
     math: Math,
 }
 
-fn opts(env: &Env<'_, CudaTensor>, dropout_at: usize, e: usize) -> Result<Opts, String> {
+/// The options of an attention of `qkv` (query, key, value).
+fn opts(
+    env: &Env<'_, CudaTensor>,
+    dropout_at: usize,
+    e: usize,
+    qkv: [&CudaTensor; 3],
+) -> Result<Opts, String> {
     let n = env.node();
     if n.args.get(dropout_at).and_then(number).unwrap_or(0.0) != 0.0 {
         return Err("dropout in attention is not supported".into());
@@ -79,10 +85,9 @@ fn opts(env: &Env<'_, CudaTensor>, dropout_at: usize, e: usize) -> Result<Opts, 
         Some(a @ Arg::Node(_)) => Some(env.tensor(a)?.clone()),
         _ => None,
     };
-    // The inputs: query, key and value, right after the gradient in a backward.
-    let first = usize::from(n.target.contains("backward"));
-    let sixteen = (first..first + 3)
-        .all(|i| tensor(env, i).is_ok_and(|t| matches!(t.dtype, Dtype::BFloat16 | Dtype::Float16)));
+    let sixteen = qkv
+        .iter()
+        .all(|t| matches!(t.dtype, Dtype::BFloat16 | Dtype::Float16));
     Ok(Opts {
         scale,
         causal,
@@ -208,7 +213,7 @@ fn bookkeeping(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Vec<Option<Cud
 pub fn forward(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTensor>, String> {
     let (q, k, v) = (tensor(env, 0)?, tensor(env, 1)?, tensor(env, 2)?);
     let d = Dims::of(&q.shape, &k.shape, &v.shape)?;
-    let o = opts(env, 3, d.e)?;
+    let o = opts(env, 3, d.e, [q, k, v])?;
     let d0 = env.out_meta_k(0).map_or(q.dtype, |m| m.dtype);
     let d1 = env.out_meta_k(1).map_or(F32, |m| m.dtype);
     let mut temps = Temps(vec![]);
@@ -277,7 +282,7 @@ pub fn backward(c: &mut Cuda, env: &Env<'_, CudaTensor>) -> Result<Value<CudaTen
             lse.shape, go.shape, out.shape
         ));
     }
-    let o = opts(env, if gpu_form(env) { 10 } else { 6 }, d.e)?;
+    let o = opts(env, if gpu_form(env) { 10 } else { 6 }, d.e, [q, k, v])?;
     let dts: Vec<Dtype> = [(0, q.dtype), (1, k.dtype), (2, v.dtype)]
         .iter()
         .map(|&(i, f)| env.out_meta_k(i).map_or(f, |m| m.dtype))
