@@ -187,3 +187,40 @@ fn schedules_are_deterministic() {
         );
     }
 }
+
+/// A weight gradient transposed back to its parameter's layout by a view that program order
+/// puts after a long matmul that does not read it (as AOTAutograd emits a grouped expert
+/// gradient's `permute`): its reduction is issued once the gradient exists, overlapping that
+/// matmul, not after it.
+#[test]
+fn a_reduction_behind_a_late_view_is_issued_when_its_gradient_exists() {
+    use common::{Builder, node};
+    use zerosched_ir::GraphKind;
+    let mut b = Builder::new("bwd_late_view", GraphKind::Backward);
+    let w = b.param("layer.weight", &[64, 64]);
+    let x = b.input("saved_x", &[64, 16]);
+    let dy = b.input("tangents_1", &[16, 64]);
+    let dw = b.mm("dw", x, dy, &[64, 64], 1.0);
+    let dx = b.mm("dx", dy, w, &[16, 64], 5.0);
+    let t1 = b.call("dw_t", "aten.t.default", vec![node(dw)], &[64, 64]);
+    let t2 = b.call("dw_t_t", "aten.t.default", vec![node(t1)], &[64, 64]);
+    let mut g = b.output(&[t2, dx]);
+    g.grads = vec![zerosched_ir::Grad {
+        param: "layer.weight".into(),
+        output_index: 0,
+        persistent: false,
+    }];
+    let g = inserted(g);
+    for name in ["jit", "prefetch"] {
+        let (s, _) = scheduled(&g, name, &ScheduleOptions::default()).expect("feasible");
+        let reduce = s
+            .nodes()
+            .position(|(_, n)| ops::CommOp::of(n) == Some(ops::CommOp::ReduceGrad))
+            .expect("a reduction");
+        assert!(
+            pos(&s, "dw") < reduce && reduce < pos(&s, "dx"),
+            "{name}: the reduction issued between the gradient and the next matmul: {:?}",
+            common::names(&s)
+        );
+    }
+}

@@ -4,10 +4,13 @@
 //! are *deferred*: each is placed right before the first node that needs it. Releases and
 //! reductions are *eager*: each is placed as soon as everything it depends on is placed (a
 //! reduction waits for the next step so that gathers go first on the communication stream).
-//! Gathers are issued in the order they are first needed. Under `prefetch` a gather is issued
-//! ahead of need while it fits the budget and the communication stream would otherwise fall
-//! idle during the next compute node; gathers issued at one point are coalesced into a bucket
-//! while that does not delay the bucket's first member past its need.
+//! A view of a gradient that only reductions read (a transpose back to the parameter's
+//! layout) is eager too: it costs nothing, and held to its program position it would hold
+//! the reduction behind compute that does not feed it. Gathers are issued in the order they
+//! are first needed. Under `prefetch` a gather is issued ahead of need while it fits the
+//! budget and the communication stream would otherwise fall idle during the next compute
+//! node; gathers issued at one point are coalesced into a bucket while that does not delay the
+//! bucket's first member past its need.
 //!
 //! A small two-stream clock (compute, communication) drives these choices; the simulator,
 //! not this clock, reports step times. Every node is visited a constant number of times.
@@ -173,6 +176,7 @@ impl Plan {
         let mut rest = Vec::new();
         let mut scratch = Vec::new();
         let params = ops::ParamIndex::new(g);
+        let for_reduction = views_for_reduction(g, &p.inputs, &p.users, &mut scratch);
         for (id, n) in g.nodes() {
             if n.op == Op::Placeholder {
                 p.spine.push(id);
@@ -211,6 +215,8 @@ impl Plan {
                     let pure_view = gathered.is_some() && !reads && g.has_users(id);
                     if pure_view {
                         Role::Deferred
+                    } else if for_reduction[id] {
+                        Role::Eager
                     } else {
                         Role::Spine
                     }
@@ -259,6 +265,50 @@ impl Plan {
         }
         p
     }
+}
+
+/// What reducing `n`'s gradient costs: a persistent parameter's is all-reduced, not scattered.
+fn reduction_ms(n: &zerosched_ir::Node, opts: &ScheduleOptions) -> f64 {
+    let bytes = n.meta.val.as_ref().and_then(|v| v.nbytes()).unwrap_or(0);
+    let kind = if zerosched_ir::comm::reduce_sharded(n) {
+        Collective::ReduceScatter
+    } else {
+        Collective::AllReduce
+    };
+    opts.cost.collective_ms(kind, bytes, opts.world_size)
+}
+
+/// The views that only reductions read, through other such views (found from the last node
+/// back, so that a chain of them is found in one pass).
+fn views_for_reduction(
+    g: &Graph,
+    inputs: &PerNode,
+    users: &PerNode,
+    scratch: &mut Vec<NodeId>,
+) -> SideTable<bool> {
+    let mut out = SideTable::new(g, false);
+    for &id in g.order().iter().rev() {
+        let n = g.node(id);
+        let readers = users.get(id);
+        if n.op != Op::CallFunction || CommOp::of(n).is_some() || readers.is_empty() {
+            continue;
+        }
+        let only_reductions = readers
+            .iter()
+            .all(|&u| out[u] || CommOp::of(g.node(u)) == Some(CommOp::ReduceGrad));
+        if !only_reductions {
+            continue;
+        }
+        scratch.clear();
+        crate::alias::view_sources(g, n, scratch);
+        let viewed = scratch.len();
+        crate::alias::write_targets(n, scratch);
+        let ins = inputs.get(id);
+        out[id] = viewed == scratch.len()
+            && viewed == ins.len()
+            && ins.iter().all(|i| scratch.contains(i));
+    }
+    out
 }
 
 /// The gather whose buffer `id`'s value lives in, found from its inputs (program order puts
@@ -312,6 +362,8 @@ struct Walk<'a> {
     reduce_queue: Vec<NodeId>,
     /// Scratch for [`Walk::place`].
     stack: Vec<(NodeId, bool)>,
+    /// Scratch for [`Walk::emit`].
+    emitted_now: Vec<NodeId>,
     t_compute: f64,
     t_comm: f64,
     live: u64,
@@ -355,6 +407,7 @@ impl<'a> Walk<'a> {
             open: None,
             reduce_queue: Vec::new(),
             stack: Vec::new(),
+            emitted_now: Vec::new(),
             t_compute: 0.0,
             t_comm: 0.0,
             live: resident,
@@ -582,20 +635,8 @@ impl<'a> Walk<'a> {
 
     fn flush_reductions(&mut self) {
         for r in std::mem::take(&mut self.reduce_queue) {
-            let n = self.g.node(r);
-            let bytes = n.meta.val.as_ref().and_then(|v| v.nbytes()).unwrap_or(0);
-            // A persistent parameter's gradient is all-reduced, not scattered.
-            let kind = if zerosched_ir::comm::reduce_sharded(n) {
-                Collective::ReduceScatter
-            } else {
-                Collective::AllReduce
-            };
             let start = self.t_compute.max(self.t_comm);
-            self.t_comm = start
-                + self
-                    .opts
-                    .cost
-                    .collective_ms(kind, bytes, self.opts.world_size);
+            self.t_comm = start + reduction_ms(self.g.node(r), self.opts);
             self.end_of[r] = self.t_comm;
             self.emit(r);
         }
@@ -658,30 +699,42 @@ impl<'a> Walk<'a> {
         self.emit(v);
     }
 
-    /// Appends `v` to the order and places the eager nodes it completes.
+    /// Appends `v` to the order and places the eager nodes it completes (a view for a
+    /// reduction completes its own users in turn).
     fn emit(&mut self, v: NodeId) {
         self.emitted[v] = true;
         self.order.push(v);
         let plan = self.plan;
-        for &u in plan.users.get(v) {
-            if self.plan.role[u] != Role::Eager || self.emitted[u] {
-                continue;
-            }
-            self.pending[u] = self.pending[u].saturating_sub(1);
-            if self.pending[u] > 0 {
-                continue;
-            }
-            let op = self.plan.comm[u];
-            if matches!(op, Some(CommOp::Release | CommOp::Keep)) {
-                // A kept buffer stays resident past the graph's end.
-                if let (Some(gather), Some(CommOp::Release)) = (self.plan.gather_of[u], op) {
-                    self.live = self.live.saturating_sub(self.plan.bytes[gather]);
+        // One buffer for every call: this runs once per node.
+        let mut done = std::mem::take(&mut self.emitted_now);
+        done.push(v);
+        while let Some(v) = done.pop() {
+            for &u in plan.users.get(v) {
+                if plan.role[u] != Role::Eager || self.emitted[u] {
+                    continue;
+                }
+                self.pending[u] = self.pending[u].saturating_sub(1);
+                if self.pending[u] > 0 {
+                    continue;
+                }
+                match plan.comm[u] {
+                    Some(CommOp::ReduceGrad) => {
+                        self.reduce_queue.push(u);
+                        continue;
+                    }
+                    // A kept buffer stays resident past the graph's end.
+                    Some(CommOp::Release) => {
+                        if let Some(gather) = plan.gather_of[u] {
+                            self.live = self.live.saturating_sub(plan.bytes[gather]);
+                        }
+                    }
+                    Some(_) => {}
+                    None => done.push(u),
                 }
                 self.emitted[u] = true;
                 self.order.push(u);
-            } else {
-                self.reduce_queue.push(u);
             }
         }
+        self.emitted_now = done;
     }
 }
