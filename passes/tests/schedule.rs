@@ -224,3 +224,53 @@ fn a_reduction_behind_a_late_view_is_issued_when_its_gradient_exists() {
         );
     }
 }
+
+/// Four weights whose bytes cost more than a collective's latency, then one the compute will
+/// wait on for over a millisecond whatever comes before it (the shape of a mixture-of-experts
+/// layer's attention weights before its experts): delaying the first small weight by the
+/// others' bytes costs nothing, since that wait is absorbed, and one bucket saves three
+/// latencies from the step.
+#[test]
+fn gathers_join_a_late_bucket_when_a_later_stall_absorbs_the_wait() {
+    use common::Builder;
+    use zerosched_ir::GraphKind;
+    use zerosched_passes::cost::Collective;
+    use zerosched_passes::simulate::{SimOptions, simulate_graph};
+    let (d, wide) = (2048, 65536);
+    let mut b = Builder::new("small_weights_then_a_large_one", GraphKind::Forward);
+    let mut x = b.input("x", &[16, d]);
+    for l in 0..4 {
+        let w = b.param(&format!("small.{l}.weight"), &[d, d]);
+        x = b.mm(&format!("mm_{l}"), x, w, &[16, d], 0.001);
+    }
+    let w = b.param("large.weight", &[d, wide]);
+    let y = b.mm("mm_large", x, w, &[16, wide], 0.001);
+    let out = b.kernel("tail", "aten.relu.default", &[y], &[16, wide], 1.0);
+    let g = inserted(b.output(&[out]));
+    let opts = ScheduleOptions::default();
+    let (s, _) = scheduled(&g, "prefetch", &opts).expect("feasible");
+    let bucket = |name: &str| {
+        s.nodes()
+            .find(|(_, n)| n.name == name)
+            .and_then(|(_, n)| ops::bucket(n))
+    };
+    let first = bucket("allgather_small_0_weight");
+    assert!(first.is_some(), "the first small gather opens a bucket");
+    for l in 1..4 {
+        assert_eq!(
+            bucket(&format!("allgather_small_{l}_weight")),
+            first,
+            "small.{l}"
+        );
+    }
+    let ms = |bytes: u64| {
+        opts.cost
+            .collective_ms(Collective::AllGather, bytes, opts.world_size)
+    };
+    let one_bucket = ms(4 * 4 * d * d) + ms(4 * d * wide) + 0.001 + 1.0;
+    let step = simulate_graph(&s, &SimOptions::default()).summary.step_ms;
+    assert!(
+        step <= one_bucket + 1e-9,
+        "step {step} ms, one bucket then the large gather {one_bucket} ms"
+    );
+}

@@ -340,6 +340,9 @@ fn gathered_storage(
     (gather, reads)
 }
 
+/// How many later gathers a bucket looks ahead for a stall that absorbs a member's wait.
+const LOOKAHEAD: usize = 32;
+
 struct Bucket {
     start: f64,
     end: f64,
@@ -477,7 +480,7 @@ impl<'a> Walk<'a> {
                 // later: pulled in early it takes memory room a later gather needs.)
                 let stream_frees = self.t_comm < self.node_start() + cost;
                 let rides =
-                    !stream_frees && self.joined_end(gather).is_some_and(|(_, cheap)| cheap);
+                    !stream_frees && self.joined_end(gather, i).is_some_and(|(_, cheap)| cheap);
                 if !(self.policy.prefetch && fits && (stream_frees || rides) && ready) {
                     if let (Some(b), true) = (&self.open, self.policy.prefetch) {
                         tracing::debug!(
@@ -537,8 +540,10 @@ impl<'a> Walk<'a> {
     /// still ends by the time its first member is needed (nothing waits longer), or when
     /// what it adds to the bucket is less than what it saves (a latency-bound gather: the
     /// stream's total shrinks by about a collective's latency, and a member waits at most
-    /// that much longer).
-    fn joined_end(&self, gather: NodeId) -> Option<(f64, bool)> {
+    /// that much longer), or when the compute will stall anyway on a later gather for longer
+    /// than the members wait: that stall absorbs the wait, and it ends sooner by the latency
+    /// saved.
+    fn joined_end(&self, gather: NodeId, at: usize) -> Option<(f64, bool)> {
         let b = self.open.as_ref().filter(|_| self.policy.bucketing)?;
         // The open bucket's members are the last ones pushed.
         let first = *self.buckets.last()?.first()?;
@@ -550,7 +555,36 @@ impl<'a> Walk<'a> {
         let separately = b.end + self.collective(bytes);
         let on_time = end <= b.end.max(b.first_need);
         let cheap = end - b.end < separately - end;
-        (end < separately && (on_time || cheap)).then_some((end, cheap))
+        let saves = end < separately;
+        let absorbed = || self.stall_ahead(gather, at, separately, end - b.end);
+        (saves && (on_time || cheap || absorbed())).then_some((end, cheap))
+    }
+
+    /// Whether the compute, issued for spine node `at`, will stall for `wait` or longer on one
+    /// of the next [`LOOKAHEAD`] gathers after `gather` (which ends at `end` on its own), with
+    /// each issued as soon as the stream is free, each waited for at its first need.
+    fn stall_ahead(&self, gather: NodeId, at: usize, end: f64, wait: f64) -> bool {
+        let plan = self.plan;
+        let spine_at = |g: NodeId| plan.prefix.get(plan.need_at[g]).copied();
+        let (Some(from), Some(mut prev)) = (plan.prefix.get(at).copied(), spine_at(gather)) else {
+            return false;
+        };
+        // When the compute reaches the previous gather's need, and when that gather ends.
+        let mut reached = self.t_compute + prev - from;
+        let mut arrives = end;
+        let later = plan.fifo.iter().skip(self.next + 1);
+        for &next in later.filter(|&&n| !self.emitted[n]).take(LOOKAHEAD) {
+            let Some(need) = spine_at(next) else {
+                return false;
+            };
+            reached = reached.max(arrives) + (need - prev);
+            arrives += self.collective(plan.bytes[next]);
+            if arrives - reached >= wait {
+                return true;
+            }
+            prev = need;
+        }
+        false
     }
 
     fn collective(&self, bytes: u64) -> f64 {
@@ -579,7 +613,7 @@ impl<'a> Walk<'a> {
             None => f64::INFINITY,
         };
         let alone = self.collective(bytes);
-        let joined = self.joined_end(gather).map(|(end, _)| end);
+        let joined = self.joined_end(gather, at).map(|(end, _)| end);
         if let (Some(b), Some(end)) = (&mut self.open, joined) {
             b.end = end;
             b.bytes += bytes;
