@@ -69,9 +69,12 @@ def cache_hits() -> list[int]:
 
 
 def layers_compiled_one_by_one(inner: str) -> dict:
-    """Each layer of the MLP compiled on its own: dynamo runs the graph it compiled for the first
-    layer for the other three, with their parameters as inputs.  Every rank runs the whole batch,
-    so each shard's averaged gradient is its slice of the unsharded model's."""
+    """Each layer of the MLP compiled on its own: dynamo runs one compiled graph for layers 1 to
+    3 (layer 0's input needs no gradient: a graph of its own), with their parameters as inputs.
+    The layers' weights differ, so a gather of another layer's parameter changes the loss, and a
+    reduction into another layer's shard its gradient.  Every rank runs the whole batch, so each
+    shard's averaged gradient is its slice of the unsharded model's.  Also returns the
+    parameters gathered and those whose gradients were reduced, by name, in order."""
     torch.manual_seed(0)
     ref, model = MLP(16), MLP(16)
     model.load_state_dict(ref.state_dict())
@@ -80,6 +83,18 @@ def layers_compiled_one_by_one(inner: str) -> dict:
     x = torch.randn(4, 16)
     torch._dynamo.reset()
     graphs0 = zb.STATS.graphs
+    gathered, reduced = [], []
+    gather, reduce_grad = runtime.gather, runtime.reduce_grad
+
+    def recording_gather(params, dtype):
+        gathered.extend(runtime.RUNTIME.entry_of(p).name for p in params)
+        return gather(params, dtype)
+
+    def recording_reduce_grad(param, grad):
+        reduced.append(runtime.RUNTIME.entry_of(param).name)
+        return reduce_grad(param, grad)
+
+    runtime.gather, runtime.reduce_grad = recording_gather, recording_reduce_grad
     try:
         for i, layer in enumerate(model.layers):
             model.layers[i] = torch.compile(layer, backend=backend)
@@ -95,8 +110,9 @@ def layers_compiled_one_by_one(inner: str) -> dict:
             got = e.shard.grad
             grad_err[name] = float("inf") if got is None else float((got - want).abs().max() / p.grad.abs().max())
         return {"loss": loss.item(), "ref_loss": ref_loss.item(), "grad_err": grad_err,
-                "graphs": zb.STATS.graphs - graphs0}
+                "graphs": zb.STATS.graphs - graphs0, "gathered": gathered, "reduced": reduced}
     finally:
+        runtime.gather, runtime.reduce_grad = gather, reduce_grad
         h.close()
         torch._dynamo.reset()
 
@@ -138,8 +154,9 @@ class Projection(torch.nn.Module):
 
 def persistent_bias_reduction() -> dict:
     """The backward graph of a linear layer whose bias is persistent: the bias gradient never
-    reads the bias, so the graph does not carry it. Returns, from the scheduled backward graph,
-    the parameters it carries and each reduction's ``sharded`` keyword."""
+    reads the bias, but its reduction does, so the graph carries it. Returns, from the
+    scheduled backward graph, the parameters it carries and each reduction's ``sharded``
+    keyword."""
     torch.manual_seed(0)
     model = Projection(20)  # a width no other case uses: its graphs are not in the cache yet
     h = zerosched.shard(model, persistence_threshold=20)  # the bias (20), not the weight (400)

@@ -43,13 +43,13 @@ def gather_wait_release() -> dict:
     h = zerosched.shard(model, persistence_threshold=2)
     names = ["a", "b", "c"]
     try:
-        outs = runtime.gather(names, None)
+        outs = runtime.gather([getattr(model, n) for n in names], None)
         held = runtime.RUNTIME.gathered_bytes
-        for n in names:
-            runtime.wait(n)
+        for o in outs:
+            runtime.wait(o)
         got = {n: o.clone() for n, o in zip(names, outs)}
-        for n, o in zip(names, outs):
-            runtime.release(n, o)
+        for o in outs:
+            runtime.release(o)
         return {"equal": {n: torch.equal(got[n], want[n]) for n in names}, "held": held,
                 "after": runtime.RUNTIME.gathered_bytes, "freed": [o.untyped_storage().nbytes() for o in outs]}
     finally:
@@ -72,7 +72,7 @@ def reductions(bucket_bytes: int) -> dict:
         order = ["c", "bias", "b", "a"]
         for step in range(2):  # the second step adds into the first step's .grad
             for i, n in enumerate(order):
-                runtime.reduce_grad(n, torch.full(params[n].shape, float((rank + 1) * (i + 1))))
+                runtime.reduce_grad(params[n], torch.full(params[n].shape, float((rank + 1) * (i + 1))))
             runtime.end_backward()
         err = {}
         mean = (world + 1) / 2  # the average of rank + 1 over the ranks

@@ -18,7 +18,7 @@ EXPECTED = {
     "allgather_bucket": (1, [], []),
     "wait": (1, [0], []),
     "release": (1, [], [0]),
-    "reduce_grad": (1, [], []),
+    "reduce_grad": (2, [], []),
     "end_backward": (1, [0], []),
 }
 
@@ -36,21 +36,23 @@ def test_fake_kernels_give_shapes_without_a_runtime():
 
     with FakeTensorMode():
         shard = torch.empty(6, 4)
-        full = ops.allgather(shard, param="w", dtype=torch.bfloat16)
+        full = ops.allgather(shard, dtype=torch.bfloat16)
         assert full.shape == (6, 4) and full.dtype == torch.bfloat16
-        assert ops.wait(full, param="w").untyped_storage()._cdata == full.untyped_storage()._cdata
-        a, b = ops.allgather_bucket([shard, torch.empty(3)], params=["w", "b"])
+        assert ops.wait(full).untyped_storage()._cdata == full.untyped_storage()._cdata
+        a, b = ops.allgather_bucket([shard, torch.empty(3)])
         assert (a.shape, b.shape) == ((6, 4), (3,))
+        assert ops.reduce_grad(full, shard, sharded=True, world_size=5).shape == (5,)  # ceil(24 / 5)
+        assert ops.reduce_grad(full, shard, sharded=False, world_size=5).shape == (6, 4)
 
 
 def test_dead_code_elimination_keeps_releases_and_end_backward():
     g = torch.fx.Graph()
     x = g.placeholder("x")
-    full = g.call_function(ops.allgather, (x,), {"param": "w"})
-    w = g.call_function(ops.wait, (full,), {"param": "w"})
+    full = g.call_function(ops.allgather, (x,))
+    w = g.call_function(ops.wait, (full,))
     use = g.call_function(torch.ops.aten.mul.Tensor, (w, 2))
-    g.call_function(ops.release, (w,), {"param": "w", "after": [use]})
-    red = g.call_function(ops.reduce_grad, (use,), {"param": "w", "sharded": True})
+    g.call_function(ops.release, (w,), {"after": [use]})
+    red = g.call_function(ops.reduce_grad, (use, x), {"sharded": True, "world_size": 2})
     end = g.call_function(ops.end_backward, ([red],))
     g.call_function(operator.getitem, (end, 0))
     g.output(None)

@@ -64,3 +64,31 @@ def test_training_matches_the_unsharded_eager_run(ranks, model, inner, cost, per
         assert (r["persistent"] > 0) == (persistence > 0)
         assert r["fallback_after_forward"] == [FALLBACK.get(model, [])] * train_cases.STEPS
         assert r["fallback_between"] == [[]] * train_cases.STEPS
+
+
+# Each decoder block compiled on its own (nn.Module.compile), the embedding, final norm and head
+# eager, gathered on access by the fallback: dynamo compiles the blocks' code once, and the
+# graphs it reuses for the second block are scheduled and compiled once (a forward and a
+# backward graph), yet gather and reduce each block's own parameters (the losses and the
+# parameters would differ otherwise: the blocks' weights differ).  No persistent parameters:
+# the fallback does not all-reduce the gradient of one that runs eagerly (GPT-2's final norm).
+PER_BLOCK = [("llama", "eager", None, 0), ("llama", "inductor", train_cases.BUCKETING_COST, 0),
+             ("gpt2", "inductor", None, 0)]
+
+
+@pytest.mark.parametrize("model,inner,cost,persistence", PER_BLOCK,
+                         ids=[f"{m}-{i}-{'buckets' if c else 'default'}" for m, i, c, _ in PER_BLOCK])
+def test_blocks_compiled_one_by_one_compile_once_and_match_the_unsharded_eager_run(ranks, model, inner, cost,
+                                                                                   persistence):
+    r0, r1 = ranks.run(train_cases.train, model, inner, BUDGET, cost, persistence, train_cases.STEPS, "cpu", True)
+    for step, (got, want) in enumerate(zip(r0["loss"], r0["ref_loss"])):
+        assert got == pytest.approx(want, rel=RTOL), f"step {step}: loss {got} != reference {want}"
+    for r in (r0, r1):
+        assert r["graphs"] == 2, "one forward and one backward graph for every block"
+        worst = max(r["param_err"].items(), key=lambda kv: kv[1])
+        assert worst[1] <= RTOL, f"parameter {worst[0]} differs from the reference by {worst[1]:.2e}"
+        assert r["gathered_between"] == [[]] * train_cases.STEPS
+        assert r["model_grads"] == [[]] * train_cases.STEPS
+        assert r["fallback_between"] == [[]] * train_cases.STEPS
+        outside = r["fallback_after_forward"][0]
+        assert outside and not any(".layers." in n or ".h." in n for n in outside), outside

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import zerosched
-from zerosched import models, runtime
+from zerosched import compiler, models, runtime
 
 STEPS = 5
 LR = 0.2
@@ -65,9 +65,10 @@ def mean_over_ranks(x: float) -> float:
 
 
 def train(name: str, inner: str, budget: int, cost: dict | None = None, persistence_threshold: int = 0,
-          steps: int = STEPS, device: str = "cpu") -> dict:
+          steps: int = STEPS, device: str = "cpu", per_block: bool = False) -> dict:
     """Trains ``name`` through the backend and its reference side by side; returns what the test
-    asserts on."""
+    asserts on.  ``per_block``: each decoder block is compiled on its own and the rest of the
+    model runs eagerly, as ``torch.compile`` is applied per block with FSDP2."""
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = SPECS[name]
     ref = models.build(spec)[0].to(device)
@@ -79,7 +80,14 @@ def train(name: str, inner: str, budget: int, cost: dict | None = None, persiste
     torch._dynamo.reset()
     runtime.RUNTIME.peak_gathered_bytes = 0
     buckets0 = runtime.RUNTIME.coalesced_gathers
-    compiled = torch.compile(model, backend=zerosched.backend(budget=budget, inner=inner, cost=cost, debug=True))
+    backend = zerosched.backend(budget=budget, inner=inner, cost=cost, debug=True)
+    graphs0 = compiler.STATS.graphs
+    if per_block:
+        for block in model.base_model.layers if hasattr(model.base_model, "layers") else model.base_model.h:
+            block.compile(backend=backend)
+        compiled = model
+    else:
+        compiled = torch.compile(model, backend=backend)
     out: dict = {"loss": [], "ref_loss": [], "gathered_between": [], "bytes_between": [], "model_grads": [],
                  "fallback_after_forward": [], "fallback_between": []}
     b = spec.batch
@@ -105,6 +113,7 @@ def train(name: str, inner: str, budget: int, cost: dict | None = None, persiste
         out["buckets"] = runtime.RUNTIME.coalesced_gathers - buckets0
         out["persistent"] = sum(e.persistent for e in sharded.entries)
         out["params"] = len(sharded.entries)
+        out["graphs"] = compiler.STATS.graphs - graphs0
     finally:
         sharded.close()
         torch._dynamo.reset()

@@ -13,7 +13,7 @@ import functools
 import hashlib
 import json
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -91,6 +91,7 @@ def backend(budget: int | str | None = None, scheduler: str = "prefetch", inner:
             return _compile(gm, ex, f"{kind}_{k}", kind, params, [], rg, opts, inner, debug, dumper=dumper)
 
         def bw(gm: torch.fx.GraphModule, ex: list) -> Callable:
+            _drop_grad_of(gm)
             params, grads, rg = step.backward(gm)
             return _compile(gm, ex, f"backward_{k}", "backward", params, grads, rg, opts, inner, debug,
                             persistent=step.persistent(grads), dumper=dumper)
@@ -107,31 +108,38 @@ def backend(budget: int | str | None = None, scheduler: str = "prefetch", inner:
     def compile_dynamo_graph(dyn_gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         entries = _entries(dyn_gm, example_inputs)
         first = compile_aot(dyn_gm, example_inputs, entries)
-        at = [i for i, e in enumerate(entries) if e is not None]
-        if not at:
+        if all(e is None for e in entries):
             return first
-        compiled_for = tuple(entries[i].name for i in at)
-        variants: dict[tuple, Callable] = {}
+        compiled = {_reuse_key(example_inputs): first}
 
-        # The scheduled graphs name their parameters, but dynamo passes parameters as graph
-        # inputs and runs one compiled graph for every module of the same code: after a graph
-        # break, each decoder layer calls the graph compiled for the first.  Another set of
-        # parameters gets a graph of its own, specialized to the shapes of that call.
+        # Dynamo passes parameters as graph inputs and runs one compiled graph for every module
+        # of the same code (each decoder block compiled on its own, or each after a graph
+        # break).  The inserted ops find their parameters from those inputs, so the graph
+        # serves every set of parameters that its schedule and fake kernels hold for; another
+        # set gets a graph of its own.
         @torch.compiler.disable
         def run(*args: Any) -> Any:
-            names = tuple(runtime.RUNTIME.name_of(args[i]) for i in at)
-            if names == compiled_for:
-                return first(*args)
-            key = (names, tuple((tuple(a.shape), a.stride(), a.requires_grad) if isinstance(a, torch.Tensor) else a
-                                for a in args))
-            fn = variants.get(key)
+            key = _reuse_key(args)
+            fn = compiled.get(key)
             if fn is None:
-                fn = variants[key] = compile_aot(dyn_gm, list(args), _entries(dyn_gm, args))
+                fn = compiled[key] = compile_aot(dyn_gm, list(args), _entries(dyn_gm, args))
             return fn(*args)
 
         return run
 
     return compile_dynamo_graph
+
+
+def _reuse_key(args: Sequence[Any]) -> tuple:
+    """What a compiled graph assumes of its inputs beyond dynamo's guards: which are sharded
+    parameters, their shapes, strides, dtypes and ``requires_grad`` (the schedule's bytes and
+    gradients), persistence and world size (what is gathered, and the reductions' sizes)."""
+    key = []
+    for a in args:
+        e = runtime.RUNTIME.by_param.get(id(a)) if isinstance(a, torch.Tensor) else None
+        key.append(None if e is None else
+                   (tuple(a.shape), a.stride(), a.dtype, a.requires_grad, e.persistent, e.world_size))
+    return tuple(key)
 
 
 #: Ops that change a tensor's dtype or layout only: what stands between a parameter and its use.
@@ -141,9 +149,29 @@ _VIEWS = ("aten.t.default", "aten.transpose.int", "aten.permute.default", "aten.
           "aten.squeeze.dim", "aten.alias.default", "aten.detach.default", "aten.clone.default")
 
 
+# A gradient's reduction reads its parameter (``zerosched.ops``), but a backward need not read
+# the parameter otherwise (a bias's or an embedding's gradient does not): the partitioner
+# passes it to the backward only if a backward node reads it.  ``grad_of(grad, param)``, put
+# on each parameter's gradient output in the joint graph, is that node; the backward compiler
+# takes it out again (``_drop_grad_of``) before the graph is scheduled.  Saving the parameter
+# costs nothing: it is the model's parameter, alive anyway, with its storage freed.
+_MARKER_LIB = torch.library.Library("zerosched", "FRAGMENT")
+_MARKER_LIB.define("grad_of(Tensor grad, Tensor param) -> Tensor")
+_GRAD_OF = torch.ops.zerosched.grad_of.default
+
+
+def _drop_grad_of(gm: torch.fx.GraphModule) -> None:
+    for n in list(gm.graph.nodes):
+        if n.target is _GRAD_OF:
+            n.replace_all_uses_with(n.args[0])
+            gm.graph.erase_node(n)
+    gm.recompile()
+
+
 def _partition(param_inputs: list[int]) -> Callable:
-    """AOTAutograd's min-cut partitioner, told to recompute in the backward every cast of a
-    parameter (and the views around it) instead of saving it.
+    """AOTAutograd's min-cut partitioner, which passes every parameter with a gradient to the
+    backward (``grad_of`` above), told to recompute in the backward every cast of a parameter
+    (and the views around it) instead of saving it.
 
     Under ``torch.autocast`` a Linear reads ``weight.to(bfloat16)``.  Saved for the backward,
     that copy is the parameter's gathered buffer (the scheduler gathers straight into the
@@ -155,6 +183,18 @@ def _partition(param_inputs: list[int]) -> Callable:
 
     def partition(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         primals = [n for n in joint.graph.nodes if n.op == "placeholder" and n.name.startswith("primals")]
+        out = joint.graph.output_node()
+        outs = list(out.args[0])
+        grads = outs[kwargs["num_fwd_outputs"]:]
+        if len(grads) != len(primals):
+            raise ZeroschedError(f"joint graph: {len(grads)} gradient outputs for {len(primals)} inputs")
+        for i in param_inputs:
+            if i < len(grads) and isinstance(grads[i], torch.fx.Node):
+                with joint.graph.inserting_before(out):
+                    marked = joint.graph.call_function(_GRAD_OF, (grads[i], primals[i]))
+                marked.meta = dict(grads[i].meta)
+                outs[kwargs["num_fwd_outputs"] + i] = marked
+        out.args = (type(out.args[0])(outs), *out.args[1:])
         for i in param_inputs:
             if i >= len(primals):
                 continue
@@ -217,7 +257,9 @@ def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: l
     t0 = time.perf_counter()
     doc = export.graph_to_doc(gm, name=name, kind=kind, params=params, grads=grads, requires_grad=rg,
                               persistent=persistent)
-    # The key leaves out the graph's name, which only labels reports and messages.
+    # The key leaves out the graph's name, which only labels reports and messages.  It keeps the
+    # parameters' names: the rebuilt graph no longer depends on them, but the scheduled document
+    # names them (reports, dumps, the debug hash), and it must be that of this graph.
     unnamed = export.dumps_graph({k: v for k, v in doc.items() if k != "name"})
     key = hashlib.sha256(unnamed.encode() + json.dumps(opts, sort_keys=True).encode()).digest()
     hit = _CACHE.get(key)
@@ -232,7 +274,7 @@ def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: l
         dumper.compiled(doc, opts, hit)
     t2 = time.perf_counter()
     doc = json.loads(hit[0])
-    new_gm = rebuild.rebuild(gm, doc, drop_outputs=[i for _, i in grads])
+    new_gm = rebuild.rebuild(gm, doc, drop_outputs=[i for _, i in grads], world_size=opts["world_size"])
     t3 = time.perf_counter()
     STATS.export_s += t1 - t0
     STATS.schedule_s += t2 - t1
@@ -251,8 +293,8 @@ def _compile(gm: torch.fx.GraphModule, ex: list, name: str, kind: str, params: l
         # Inductor's reordering for peak memory moves gathers ahead of releases that the schedule
         # put before them (it does not hold to the order of effectful ops that return nothing),
         # which breaks the budget: the graph runs in the scheduled order.  Inductor's graph cache
-        # is off: the ops' fake kernels size reductions by the runtime's world size and
-        # persistence, which its key does not hold (a graph compiled on one rank was reused on two).
+        # is off: it reused a graph compiled on one rank on two while the fake kernels read the
+        # runtime's world size; they now read it from the graph, but the cache is untested here.
         with inductor_config.patch(allow_buffer_reuse=False, inplace_buffers=False, reorder_for_peak_memory=False,
                                    fx_graph_cache=False):
             compiled = compile_fx_inner(new_gm, ex, is_backward=kind == "backward", is_inference=kind == "inference")

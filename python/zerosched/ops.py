@@ -19,6 +19,8 @@ Inductor keeps them in program order relative to each other (its ``EffectfulKern
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch._higher_order_ops.effects import EffectType
 
@@ -27,11 +29,11 @@ from zerosched import runtime
 _lib = torch.library.Library("zerosched", "DEF")
 
 SCHEMAS = {
-    "allgather": "allgather(Tensor shard, *, str param, ScalarType? dtype=None) -> Tensor",
-    "allgather_bucket": "allgather_bucket(Tensor[] shards, *, str[] params, ScalarType? dtype=None) -> Tensor[]",
-    "wait": "wait(Tensor(a) gathered, *, str param) -> Tensor(a)",
-    "release": "release(Tensor(a!) value, *, str param, Tensor[] after) -> ()",
-    "reduce_grad": "reduce_grad(Tensor grad, *, str param, bool sharded) -> Tensor",
+    "allgather": "allgather(Tensor param, *, ScalarType? dtype=None) -> Tensor",
+    "allgather_bucket": "allgather_bucket(Tensor[] params, *, ScalarType? dtype=None) -> Tensor[]",
+    "wait": "wait(Tensor(a) gathered) -> Tensor(a)",
+    "release": "release(Tensor(a!) value, *, Tensor[] after) -> ()",
+    "reduce_grad": "reduce_grad(Tensor grad, Tensor param, *, bool sharded, int world_size) -> Tensor",
     "end_backward": "end_backward(Tensor(a)[] reduced) -> Tensor(a)[]",
 }
 
@@ -43,52 +45,53 @@ def _define(name: str, eager, fake) -> None:
     _lib._register_effectful_op(f"zerosched::{name}", EffectType.ORDERED)
 
 
-# The placeholder a gather reads is the model's parameter: full shape, storage freed.  The
-# eager kernels reach the shard through the runtime by name.
+# No op names its parameter: a compiled graph runs for every set of parameters of its shapes
+# (each decoder block's).  The runtime finds the parameter from the tensors the op receives: a
+# gather's and a reduction's ``param`` is the model's parameter (full shape, storage freed),
+# the graph input the parameter was passed as; a wait and a release receive the gathered buffer.
 
 
-def _allgather(shard: torch.Tensor, *, param: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+def _allgather(param: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
     return runtime.gather([param], dtype)[0]
 
 
-def _allgather_fake(shard, *, param, dtype=None):
-    return torch.empty_like(shard, dtype=dtype or shard.dtype, memory_format=torch.contiguous_format)
+def _allgather_fake(param, *, dtype=None):
+    return torch.empty_like(param, dtype=dtype or param.dtype, memory_format=torch.contiguous_format)
 
 
-def _allgather_bucket(shards: list[torch.Tensor], *, params: list[str], dtype: torch.dtype | None = None):
-    if len(shards) != len(params):
-        raise runtime.ZeroschedError(f"allgather_bucket: {len(shards)} shards for {len(params)} parameters")
+def _allgather_bucket(params: list[torch.Tensor], *, dtype: torch.dtype | None = None):
     return runtime.gather(list(params), dtype)
 
 
-def _allgather_bucket_fake(shards, *, params, dtype=None):
-    return [_allgather_fake(s, param=p, dtype=dtype) for s, p in zip(shards, params)]
+def _allgather_bucket_fake(params, *, dtype=None):
+    return [_allgather_fake(p, dtype=dtype) for p in params]
 
 
-def _wait(gathered: torch.Tensor, *, param: str) -> torch.Tensor:
-    runtime.wait(param)
+def _wait(gathered: torch.Tensor) -> torch.Tensor:
+    runtime.wait(gathered)
     return gathered.detach()  # shares the storage; not an autograd view of a list element
 
 
-def _wait_fake(gathered, *, param):
+def _wait_fake(gathered):
     return gathered.view(gathered.shape)
 
 
-def _release(value: torch.Tensor, *, param: str, after: list[torch.Tensor]) -> None:
-    runtime.release(param, value)
+def _release(value: torch.Tensor, *, after: list[torch.Tensor]) -> None:
+    runtime.release(value)
 
 
-def _release_fake(value, *, param, after):
+def _release_fake(value, *, after):
     return None
 
 
-def _reduce_grad(grad: torch.Tensor, *, param: str, sharded: bool) -> torch.Tensor:
+def _reduce_grad(grad: torch.Tensor, param: torch.Tensor, *, sharded: bool, world_size: int) -> torch.Tensor:
     return runtime.reduce_grad(param, grad)
 
 
-def _reduce_grad_fake(grad, *, param, sharded):
-    e = runtime.RUNTIME.entry(param)
-    return torch.empty_like(grad) if e.persistent else grad.new_empty(e.chunk)
+def _reduce_grad_fake(grad, param, *, sharded, world_size):
+    # The graph's arguments size the slice (fake tensors reach no runtime entry): a persistent
+    # parameter's gradient is all-reduced whole, a sharded one's reduce-scattered to a chunk.
+    return grad.new_empty(math.ceil(grad.numel() / world_size)) if sharded else torch.empty_like(grad)
 
 
 def _end_backward(reduced: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -4,7 +4,9 @@ The scheduled document keeps the names of the original graph's nodes; the passes
 inserted ops of docs/format.md and may add aten views and casts (the rewrite stage).  Nodes
 of the original graph keep their Python targets and arguments, with node references taken
 from the document (which redirects uses to waits); new nodes are decoded from the document.
-A run of gathers of one bucket becomes one ``zerosched.allgather_bucket``.
+A run of gathers of one bucket becomes one ``zerosched.allgather_bucket``.  The ops do not
+name their parameters: a gather reads the parameter's placeholder, as in the document, and a
+gradient's reduction reads it too (``zerosched.ops``).
 """
 
 from __future__ import annotations
@@ -132,8 +134,10 @@ def _bucket_runs(nodes: Sequence[dict]) -> dict[str, list[dict]]:
     return runs
 
 
-def rebuild(gm: torch.fx.GraphModule, doc: dict, drop_outputs: Sequence[int] = ()) -> torch.fx.GraphModule:
-    """The GraphModule of the scheduled document ``doc`` of ``gm``.
+def rebuild(gm: torch.fx.GraphModule, doc: dict, drop_outputs: Sequence[int] = (),
+            world_size: int = 1) -> torch.fx.GraphModule:
+    """The GraphModule of the scheduled document ``doc`` of ``gm``, for parameters sharded over
+    ``world_size`` ranks.
 
     ``drop_outputs``: output positions that become ``None`` (the backward's gradient slots,
     whose reduced values the runtime has already put into the shards' ``.grad``)."""
@@ -147,6 +151,7 @@ def rebuild(gm: torch.fx.GraphModule, doc: dict, drop_outputs: Sequence[int] = (
             env[n.name] = g.g.placeholder(n.name)
             env[n.name].meta = dict(n.meta)
     placeholders = {n.name for n in gm.graph.nodes if n.op == "placeholder"}
+    param_node = {p["name"]: p["node"] for p in doc.get("params", [])}
     buckets = _bucket_runs(doc["nodes"])
     in_bucket: set[str] = set()
     for d in doc["nodes"]:
@@ -177,13 +182,13 @@ def rebuild(gm: torch.fx.GraphModule, doc: dict, drop_outputs: Sequence[int] = (
                 raise ZeroschedError(f"{where}: the gathers of bucket {kwargs['bucket']} differ in dtype")
             dt = _decode(members[0].get("kwargs", {}).get("dtype"), None, env, where)
             call = g.call(ops.allgather_bucket, ([_decode(m["args"][0], None, env, where) for m in members],),
-                          {"params": [m["kwargs"]["param"] for m in members], "dtype": dt})
+                          {"dtype": dt})
             for k, m in enumerate(members):
                 env[m["name"]] = g.call(operator.getitem, (call, k), name=m["name"])
                 in_bucket.add(m["name"])
             continue
         if target.startswith(_ZS):
-            node = _zerosched_node(g, d, env, where)
+            node = _zerosched_node(g, d, env, param_node, world_size, where)
         else:
             o = orig.get(name)
             if o is not None and o.op == "call_function":
@@ -212,20 +217,25 @@ def _get_attr_node(g: _Graph, o: torch.fx.Node | None, d: dict, where: str) -> t
     return node
 
 
-def _zerosched_node(g: _Graph, d: dict, env: dict[str, torch.fx.Node], where: str) -> torch.fx.Node:
+def _zerosched_node(g: _Graph, d: dict, env: dict[str, torch.fx.Node], param_node: dict[str, str],
+                    world_size: int, where: str) -> torch.fx.Node:
     target, kwargs, name = d["target"], d.get("kwargs", {}), d["name"]
     args = [_decode(a, None, env, where) for a in d["args"]]
-    param = kwargs.get("param")
     if target == _ZS + "allgather.default":
         dtype = _decode(kwargs.get("dtype"), None, env, where)
-        return g.call(ops.allgather, (args[0],), {"param": param, "dtype": dtype}, name)
+        return g.call(ops.allgather, (args[0],), {"dtype": dtype}, name)
     if target == _ZS + "wait.default":
-        return g.call(ops.wait, (args[0],), {"param": param}, name)
+        return g.call(ops.wait, (args[0],), {}, name)
     if target == _ZS + "release.default":
         after = [_first_tensor(_decode(a, None, env, where), g) for a in kwargs.get("after", [])]
-        return g.call(ops.release, (args[0],), {"param": param, "after": after}, name)
+        return g.call(ops.release, (args[0],), {"after": after}, name)
     if target == _ZS + "reduce_grad.default":
-        return g.call(ops.reduce_grad, (args[0],), {"param": param, "sharded": bool(kwargs["sharded"])}, name)
+        param = param_node.get(kwargs["param"])
+        if param is None or param not in env:
+            raise ZeroschedError(f"{where}: the graph does not carry parameter `{kwargs['param']}`, "
+                                 "whose gradient it reduces")
+        return g.call(ops.reduce_grad, (args[0], env[param]),
+                      {"sharded": bool(kwargs["sharded"]), "world_size": world_size}, name)
     if target == _ZS + "end_backward.default":
         return g.call(ops.end_backward, (args[0],), {}, name)
     # keep/reuse carry a parameter from the forward into the backward; the backend schedules

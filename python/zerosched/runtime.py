@@ -4,8 +4,9 @@ reductions, and the eager fallback for code that ``torch.compile`` did not compi
 :func:`shard` keeps every parameter object of the model with its full shape, frees its storage,
 and holds the rank's slice of the flattened, padded parameter as a separate ``nn.Parameter``
 (the *shard*), which is what an optimizer steps.  Compiled graphs reach the shard through the
-``zerosched`` ops (``zerosched.ops``), which call the functions of this module by parameter
-name.  docs/python.md describes the runtime.
+``zerosched`` ops (``zerosched.ops``), which call the functions of this module with the tensors
+they receive: the model's parameter, or the buffer a gather returned.  docs/python.md describes
+the runtime.
 """
 
 from __future__ import annotations
@@ -80,18 +81,21 @@ class Runtime:
         self.coalesced_gathers = 0  # buckets issued as one collective
         self.shard_calls = 0
 
-    def name_of(self, param: torch.Tensor) -> str | None:
-        """The name of a model's parameter, or None for a tensor that is not one."""
+    def entry_of(self, param: torch.Tensor) -> ShardedParam:
+        """The entry of a model's parameter, the tensor a compiled graph receives for it."""
         e = self.by_param.get(id(param))
-        return e.name if e is not None else None
-
-    def entry(self, name: str) -> ShardedParam:
-        try:
-            return self.params[name]
-        except KeyError:
+        if e is None:
             raise ZeroschedError(
-                f"parameter `{name}` is not sharded: call zerosched.shard(model) before compiling it"
-            ) from None
+                f"a tensor of shape {tuple(param.shape)} is not a parameter that zerosched.shard() has sharded"
+            )
+        return e
+
+    def gathered_name(self, value: torch.Tensor) -> str:
+        """The parameter whose gathered buffer holds ``value``'s storage."""
+        held = self.live.get(value.untyped_storage().data_ptr())
+        if held is None:
+            raise ZeroschedError(f"a tensor of shape {tuple(value.shape)} is not a gathered parameter buffer")
+        return held[0]
 
 
 RUNTIME = Runtime()
@@ -295,16 +299,16 @@ def _count_alloc(name: str, buf: torch.Tensor, nbytes: int) -> None:
         RUNTIME.peak_gathered_bytes = RUNTIME.gathered_bytes
 
 
-def gather(names: list[str], dtype: torch.dtype | None) -> list[torch.Tensor]:
-    """Issues the all-gathers of ``names`` as one coalesced collective; returns the full
-    parameters (their buffers are filled once :func:`wait` returns)."""
+def gather(params: list[torch.Tensor], dtype: torch.dtype | None) -> list[torch.Tensor]:
+    """Issues the all-gathers of the model's parameters ``params`` as one coalesced collective;
+    returns the full parameters (their buffers are filled once :func:`wait` returns)."""
     rt = RUNTIME
     outs, bufs, srcs, entries = [], [], [], []
-    for name in names:
-        e = rt.params.get(name) or rt.entry(name)
+    for p in params:
+        e = rt.entry_of(p)
         if e.persistent:
             raise ZeroschedError(f"parameter `{e.name}` is persistent (unsharded): nothing to gather")
-        if name in rt.gathers:
+        if e.name in rt.gathers:
             raise ZeroschedError(f"parameter `{e.name}` is gathered twice without a wait in between")
         src = e.shard.detach()
         dt = dtype or e.param.dtype
@@ -332,9 +336,10 @@ def gather(names: list[str], dtype: torch.dtype | None) -> list[torch.Tensor]:
     return outs
 
 
-def wait(name: str) -> None:
-    """The compute stream waits for the gather of ``name`` (or of its whole bucket: the bucket's
-    first wait joins the collective, the others return at once)."""
+def wait(gathered: torch.Tensor) -> None:
+    """The compute stream waits for the gather that fills ``gathered`` (or for its whole
+    bucket: the bucket's first wait joins the collective, the others return at once)."""
+    name = RUNTIME.gathered_name(gathered)
     try:
         flight, _ = RUNTIME.gathers.pop(name)
     except KeyError:
@@ -342,14 +347,12 @@ def wait(name: str) -> None:
     flight.join()
 
 
-def release(name: str, value: torch.Tensor) -> None:
+def release(value: torch.Tensor) -> None:
     """Frees the gathered storage that ``value`` lies in."""
     storage = value.untyped_storage()
     held = RUNTIME.live.pop(storage.data_ptr(), None)
-    if held is None or held[0] != name:
-        if held is not None:
-            RUNTIME.live[storage.data_ptr()] = held
-        raise ZeroschedError(f"release of parameter `{name}`: the value is not its gathered buffer")
+    if held is None:
+        raise ZeroschedError(f"release of a tensor of shape {tuple(value.shape)}, which is not a gathered buffer")
     RUNTIME.gathered_bytes -= held[1]
     storage.resize_(0)
 
@@ -368,18 +371,14 @@ class _Reduction:
         return all(f.work is None or f.work.is_completed() for f in self.flights)
 
 
-def reduce_grad(name: str, grad: torch.Tensor) -> torch.Tensor:
-    """Queues the gradient's reduction (a reduce-scatter into the shard's slice, or an
-    all-reduce for a persistent parameter) and returns the buffer it lands in.  The queue is
-    issued as one coalesced collective once it holds ``RUNTIME.reduce_bucket_bytes`` of
-    gradients (or at :func:`end_backward`); :func:`end_backward` waits for every reduction and
-    averages it into the shard's ``.grad``.
-
-    The parameter decides which, not the op's ``sharded`` flag: a backward graph that does not
-    read a persistent parameter has no entry saying so, and the scheduler then takes it for
-    sharded."""
+def reduce_grad(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Queues the reduction of the gradient of the model's parameter ``param`` (a
+    reduce-scatter into the shard's slice, or an all-reduce for a persistent parameter) and
+    returns the buffer it lands in.  The queue is issued as one coalesced collective once it
+    holds ``RUNTIME.reduce_bucket_bytes`` of gradients (or at :func:`end_backward`);
+    :func:`end_backward` waits for every reduction and averages it into the shard's ``.grad``."""
     rt = RUNTIME
-    e = rt.params.get(name) or rt.entry(name)
+    e = rt.entry_of(param)
     if rt.queued and rt.queued[0][0].group is not e.group:
         _issue_queued()
     if e.persistent:
