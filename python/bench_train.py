@@ -85,9 +85,13 @@ CONFIGS = {
     "compile": "unsharded, torch.compile (Inductor): the upper bound at world size 1",
     "zerosched-eager": "zerosched.shard + torch.compile(backend=zerosched.backend(inner='eager'))",
     "zerosched-inductor": "zerosched.shard + torch.compile(backend=zerosched.backend(inner='inductor'))",
+    "zerosched-per-block": "as zerosched-inductor, but each decoder block compiled on its own (block.compile), the "
+                           "rest eager: one compiled block graph serves every block",
     "zerosched-memory": "as zerosched-inductor, with backend(memory=--zerosched-memory); by default the memory "
                         "at which the step peaks where fsdp2-compile did (needs both run before it)",
     "fsdp2-compile": "fully_shard per decoder block and on the root, then torch.compile (Inductor)",
+    "fsdp2-per-block": "fully_shard per decoder block and on the root, then block.compile() on each decoder block, "
+                       "the rest eager",
     "deepspeed-z3": "DeepSpeed ZeRO-3, bf16, no compile",
     "deepspeed-z3-deepcompile": "DeepSpeed ZeRO-3, bf16, DeepCompile (engine.compile())",
     "deepspeed-z3-deepcompile-zerosched": "as deepspeed-z3-deepcompile, with zerosched.deepspeed.install()",
@@ -201,14 +205,23 @@ class Run:
                 kw["memory"] = self.job["zerosched_memory"]
             self.sharded = zerosched.shard(model)
             self.opt = MasterAdamW(self.sharded.parameters(), LR, WEIGHT_DECAY)
-            return torch.compile(model, backend=zerosched.backend(budget=self.job["budget"], **kw))
-        if c == "fsdp2-compile":
+            backend = zerosched.backend(budget=self.job["budget"], **kw)
+            if c == "zerosched-per-block":
+                for block in decoder_blocks(model):
+                    block.compile(backend=backend)
+                return model
+            return torch.compile(model, backend=backend)
+        if c.startswith("fsdp2"):
             from torch.distributed.fsdp import fully_shard
 
             for block in decoder_blocks(model):
                 fully_shard(block)
             fully_shard(model)
             self.opt = MasterAdamW(model.parameters(), LR, WEIGHT_DECAY)
+            if c == "fsdp2-per-block":
+                for block in decoder_blocks(model):
+                    block.compile()
+                return model
             return torch.compile(model)
         if c.startswith("deepspeed"):
             return self._deepspeed()

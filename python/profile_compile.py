@@ -1,5 +1,7 @@
 """Where compile time goes: unsharded ``torch.compile``, FSDP2 + ``torch.compile`` and
-zerosched's backend with Inductor, on bench_train.py's models at the CPU's size with many layers.
+zerosched's backend with Inductor, on the whole model and per decoder block (``*-per-block``:
+the blocks compiled one by one, the rest eager), on bench_train.py's models at the CPU's size with
+many layers.
 
 Each (model, configuration) runs in a fresh process (one gloo rank, an empty Inductor cache
 directory, bench_train.py's ``Run``), times the first training step (which compiles forward and
@@ -23,7 +25,7 @@ import sys
 import tempfile
 import time
 
-CONFIGS = ("compile", "fsdp2-compile", "zerosched-inductor")
+CONFIGS = ("compile", "fsdp2-compile", "fsdp2-per-block", "zerosched-inductor", "zerosched-per-block")
 
 #: Output columns: (header, compilation_time_metrics keys summed).  A phase nested in another
 #: (aot_trace_joint_graph inside create_aot_dispatcher_function) is reported on its own too.
