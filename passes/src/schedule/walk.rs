@@ -299,14 +299,8 @@ fn views_for_reduction(
         if !only_reductions {
             continue;
         }
-        scratch.clear();
-        crate::alias::view_sources(g, n, scratch);
-        let viewed = scratch.len();
-        crate::alias::write_targets(n, scratch);
         let ins = inputs.get(id);
-        out[id] = viewed == scratch.len()
-            && viewed == ins.len()
-            && ins.iter().all(|i| scratch.contains(i));
+        out[id] = !ins.is_empty() && !reads_inputs(g, id, ins, scratch);
     }
     out
 }
@@ -330,14 +324,20 @@ fn gathered_storage(
     if !inputs.iter().any(|&i| p.gather_of[i].is_some()) {
         return (None, true);
     }
+    let reads = reads_inputs(g, id, inputs, scratch);
+    let gather = scratch.iter().find_map(|&s| p.gather_of[s]);
+    (gather, reads)
+}
+
+/// Whether node `id` reads any of its `inputs` (or writes one) rather than only viewing them.
+/// Leaves in `scratch` what its value views, then what it writes in place.
+fn reads_inputs(g: &Graph, id: NodeId, inputs: &[NodeId], scratch: &mut Vec<NodeId>) -> bool {
     let n = g.node(id);
     scratch.clear();
     crate::alias::view_sources(g, n, scratch);
     let viewed = scratch.len();
     crate::alias::write_targets(n, scratch);
-    let gather = scratch.iter().find_map(|&s| p.gather_of[s]);
-    let reads = inputs.iter().any(|i| !scratch[..viewed].contains(i)) || viewed < scratch.len();
-    (gather, reads)
+    inputs.iter().any(|i| !scratch[..viewed].contains(i)) || viewed < scratch.len()
 }
 
 /// How many later gathers a bucket looks ahead for a stall that absorbs a member's wait.
@@ -756,12 +756,12 @@ impl<'a> Walk<'a> {
                         self.reduce_queue.push(u);
                         continue;
                     }
-                    // A kept buffer stays resident past the graph's end.
                     Some(CommOp::Release) => {
                         if let Some(gather) = plan.gather_of[u] {
                             self.live = self.live.saturating_sub(plan.bytes[gather]);
                         }
                     }
+                    // A kept buffer stays resident past the graph's end.
                     Some(_) => {}
                     None => done.push(u),
                 }
