@@ -829,6 +829,17 @@ struct Grouping {
     inner: ThreadComm<DryTensor>,
     groups: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     open: bool,
+    /// The collective the open group holds: one group is one kind.
+    kind: Option<&'static str>,
+}
+
+impl Grouping {
+    fn starts(&mut self, kind: &'static str) {
+        if self.open {
+            let first = *self.kind.get_or_insert(kind);
+            assert_eq!(first, kind, "a bucket mixes collectives");
+        }
+    }
 }
 
 impl Communicator<Dry> for Grouping {
@@ -845,6 +856,7 @@ impl Communicator<Dry> for Grouping {
         shard: &DryTensor,
         dtype: Option<zerosched_ir::Dtype>,
     ) -> Result<Self::Pending, CommError> {
+        self.starts("all-gather");
         self.inner.start_all_gather(b, shard, dtype)
     }
     fn start_reduce_scatter(
@@ -852,7 +864,7 @@ impl Communicator<Dry> for Grouping {
         b: &mut Dry,
         grad: &DryTensor,
     ) -> Result<Self::Pending, CommError> {
-        assert!(!self.open, "a reduction inside a bucket of gathers");
+        self.starts("reduce-scatter");
         self.inner.start_reduce_scatter(b, grad)
     }
     fn start_all_reduce(
@@ -860,6 +872,7 @@ impl Communicator<Dry> for Grouping {
         b: &mut Dry,
         grad: &DryTensor,
     ) -> Result<Self::Pending, CommError> {
+        self.starts("all-reduce");
         self.inner.start_all_reduce(b, grad)
     }
     fn start_group(&mut self) -> Result<(), CommError> {
@@ -874,6 +887,7 @@ impl Communicator<Dry> for Grouping {
     fn end_group(&mut self) -> Result<(), CommError> {
         assert!(self.open, "a bucket closed that was not open");
         self.open = false;
+        self.kind = None;
         Ok(())
     }
     fn wait(&mut self, b: &mut Dry, p: Self::Pending) -> Result<DryTensor, CommError> {
@@ -885,18 +899,21 @@ impl Communicator<Dry> for Grouping {
     }
 }
 
-/// The executor groups a bucket's gathers into one collective where the simulator does: as
-/// many groups as the simulated program has buckets, on every scheduler.
+/// The executor groups a bucket's gathers, or reductions, into one collective where the
+/// simulator does: as many groups as the simulated program has buckets of either, on every
+/// scheduler.
 #[test]
 fn buckets_are_grouped_as_the_simulator_groups_them() {
-    let p = zerosched_api::io::read_program(std::path::Path::new(&format!(
+    let llama = zerosched_api::io::read_program(std::path::Path::new(&format!(
         "{}/benches/data/llama70b_l8.program.json.gz",
         env!("CARGO_MANIFEST_DIR")
     )))
     .expect("read");
-    let mut total = 0;
-    for s in NAMES {
-        let sp = schedule(&p, s, 4);
+    // Tiny gradients behind a busy stream: `prefetch` buckets its reductions.
+    let reductions = fixture("edge/reductions_behind_a_busy_stream");
+    let (mut total, mut reduce_groups) = (0, 0);
+    for (p, s) in NAMES.iter().flat_map(|s| [(&llama, *s), (&reductions, *s)]) {
+        let sp = schedule(p, s, 4);
         let plans = zerosched_exec::plans::<Dry>(&sp).expect("plans");
         let groups = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let comms = ThreadComm::world(4)
@@ -905,16 +922,23 @@ fn buckets_are_grouped_as_the_simulator_groups_them() {
                 inner,
                 groups: groups.clone(),
                 open: false,
+                kind: None,
             })
             .collect();
         zerosched_exec::world::run_threads(&plans, &Inputs::new(0), comms, |_| Ok(Dry))
             .expect("dry run");
-        let want = simulate(&sp, 4, CostModel::default()).total.buckets;
+        let sim = simulate(&sp, 4, CostModel::default()).total;
+        let want = sim.buckets + sim.reduce_buckets;
         let got = groups.load(std::sync::atomic::Ordering::Relaxed);
         assert_eq!(got, want, "{s}");
         total += got;
+        reduce_groups += sim.reduce_buckets;
     }
     assert!(total > 0, "no scheduler made a bucket");
+    assert!(
+        reduce_groups > 0,
+        "no scheduler made a bucket of reductions"
+    );
 }
 
 /// A persistent parameter read as `weight=` and a sharded one only the output reads: insertion

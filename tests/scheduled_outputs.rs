@@ -58,6 +58,9 @@ fn inserted_order(g: &Graph, out: &mut String) {
             Inserted::AllGather {
                 bucket: Some(b), ..
             } => format!("allgather bucket {b}"),
+            Inserted::ReduceGrad {
+                bucket: Some(b), ..
+            } => format!("reduce_grad bucket {b}"),
             _ => kind_name(op.op()).to_owned(),
         };
         let param = op.param().unwrap_or("").to_owned();
@@ -79,14 +82,15 @@ fn inserted_order(g: &Graph, out: &mut String) {
 fn figures(s: &Summary) -> String {
     format!(
         "step {:.4} ms, exposed {:.4} ms, stall {:.4} ms, peak gathered {} B, peak total {} B, \
-         gathers {}, buckets {}",
+         gathers {}, buckets {}, reduction buckets {}",
         s.step_ms,
         s.exposed_comm_ms,
         s.stall_ms,
         s.peak_gathered_bytes,
         s.peak_total_bytes,
         s.gathers,
-        s.buckets
+        s.buckets,
+        s.reduce_buckets
     )
 }
 

@@ -23,8 +23,8 @@ pub const WAIT: &str = "zerosched.wait.default";
 /// `zerosched.release.default(value, *, param, after=[uses])`: frees the gathered buffer. `after`
 /// names every real use of that storage, so no reordering can move the release before one.
 pub const RELEASE: &str = "zerosched.release.default";
-/// `zerosched.reduce_grad.default(grad, *, param, sharded)`: reduce-scatters (or, for a
-/// persistent parameter, all-reduces) a gradient on the communication stream.
+/// `zerosched.reduce_grad.default(grad, *, param, sharded, [bucket])`: reduce-scatters (or, for
+/// a persistent parameter, all-reduces) a gradient on the communication stream.
 pub const REDUCE_GRAD: &str = "zerosched.reduce_grad.default";
 /// `zerosched.end_backward.default([reduce, ...])`: waits for every reduction; returns their
 /// results in order.
@@ -110,6 +110,8 @@ pub enum Inserted<'a> {
         param: Option<&'a str>,
         /// Reduce-scattered; `false` for a persistent parameter's gradient (all-reduced).
         sharded: bool,
+        /// Issued together with the reductions of the same bucket.
+        bucket: Option<i64>,
     },
     EndBackward,
     Keep {
@@ -137,6 +139,7 @@ impl<'a> Inserted<'a> {
             CommOp::ReduceGrad => Inserted::ReduceGrad {
                 param,
                 sharded: reduce_sharded(node),
+                bucket: bucket(node),
             },
             CommOp::EndBackward => Inserted::EndBackward,
             CommOp::Keep => Inserted::Keep { param },
@@ -178,8 +181,9 @@ pub fn param_name(node: &Node) -> Option<&str> {
     }
 }
 
-/// The `bucket` keyword of an all-gather: gathers with the same bucket id are issued together as
-/// one coalesced collective.
+/// The `bucket` keyword of an all-gather or a gradient reduction: adjacent ops of one kind with
+/// the same bucket id are issued together as one coalesced collective. Gathers and reductions
+/// number their buckets apart: a gather and a reduction never share one, whatever their ids.
 pub fn bucket(node: &Node) -> Option<i64> {
     node.kwargs.get(kw::BUCKET).and_then(Arg::as_int)
 }
@@ -201,6 +205,17 @@ pub fn bucket_dtypes(node: &Node) -> (Option<Dtype>, Option<Dtype>) {
         _ => None,
     };
     (gather_dtype(node), gathered)
+}
+
+/// What the members of one bucket of reductions must agree on: the collective (reduce-scatter
+/// when `true`, all-reduce for persistent parameters) and the gradient's dtype (its
+/// `meta.val`). One coalesced collective is one kind of collective over one flat buffer.
+pub fn reduce_bucket_kind(node: &Node) -> (bool, Option<Dtype>) {
+    let dtype = match &node.meta.val {
+        Some(crate::Val::Tensor(v)) => Some(v.dtype),
+        _ => None,
+    };
+    (reduce_sharded(node), dtype)
 }
 
 /// The nodes a release waits for (its `after` keyword).
@@ -249,7 +264,8 @@ pub fn reduce_kwargs(param: &str, sharded: bool) -> Kwargs {
     kwargs
 }
 
-/// Puts an all-gather into bucket `id` (gathers of one bucket are issued as one collective).
+/// Puts an all-gather or a reduction into bucket `id` (the members of one bucket are issued as
+/// one collective).
 pub fn set_bucket(kwargs: &mut Kwargs, id: i64) {
     kwargs.insert(kw::BUCKET, Arg::Int(id));
 }
@@ -274,13 +290,15 @@ mod tests {
         );
         let mut reduce = Node::call("r", REDUCE_GRAD, vec![]);
         reduce.kwargs = reduce_kwargs("w", false);
+        set_bucket(&mut reduce.kwargs, 1);
         let view = Inserted::of(&reduce).expect("an inserted op");
         assert_eq!((view.op(), view.param()), (CommOp::ReduceGrad, Some("w")));
         assert_eq!(
             view,
             Inserted::ReduceGrad {
                 param: Some("w"),
-                sharded: false
+                sharded: false,
+                bucket: Some(1),
             }
         );
         let bare = Node::call("r", REDUCE_GRAD, vec![]);
@@ -288,7 +306,8 @@ mod tests {
             Inserted::of(&bare),
             Some(Inserted::ReduceGrad {
                 param: None,
-                sharded: true
+                sharded: true,
+                bucket: None,
             })
         );
         assert_eq!(

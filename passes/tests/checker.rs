@@ -438,6 +438,10 @@ fn agrees(c: &CheckReport, ins: &InsertReport, s: &ScheduleReport) {
     assert_eq!(c.reductions, ins.reduced, "{at}: reductions vs insertion");
     assert_eq!(c.buckets, s.buckets, "{at}: buckets");
     assert_eq!(
+        c.reduce_buckets, s.reduce_buckets,
+        "{at}: reduction buckets"
+    );
+    assert_eq!(
         c.peak_gathered, s.peak_gathered,
         "{at}: peak gathered bytes"
     );
@@ -870,6 +874,75 @@ fn checks_bucket_dtypes() {
         v.at_node(
             &bn,
             |x| matches!(x, Violation::BucketMixedDtype { bucket: 7, first, .. } if *first == an)
+        ),
+        "{v}"
+    );
+    assert_eq!(v.0.len(), 1, "{v}");
+}
+
+/// The backward graph with both gradients reduce-scattered (`l2.weight` not persistent) and
+/// both reductions in bucket 4, `l2.weight`'s moved to just before `l1.weight`'s (after `gw1`,
+/// the later producer): a valid, bucketed schedule. Gathers number their buckets apart, so
+/// bucket 4 of the reductions has no gathers however they are numbered.
+fn two_reductions_in_one_bucket(persistent_l2: bool) -> (Graph, NodeId, NodeId) {
+    let mut g = backward();
+    g.params[1].persistent = persistent_l2;
+    let mut g = scheduled(g, "jit");
+    let first = find(&g, comm::REDUCE_GRAD, "l2.weight");
+    let second = find(&g, comm::REDUCE_GRAD, "l1.weight");
+    move_before(&mut g, first, second);
+    set_kwarg(&mut g, first, "bucket", Arg::Int(4));
+    set_kwarg(&mut g, second, "bucket", Arg::Int(4));
+    (g, first, second)
+}
+
+#[test]
+fn accepts_adjacent_reductions_of_one_kind_in_one_bucket() {
+    let (g, _, _) = two_reductions_in_one_bucket(false);
+    let r = accept(&g, u64::MAX);
+    assert_eq!((r.reduce_buckets, r.reductions), (1, 2));
+}
+
+#[test]
+fn checks_reduction_bucket_adjacency() {
+    let (mut g, first, second) = two_reductions_in_one_bucket(false);
+    // Back before `gw1`: the producer of the second member stands between them.
+    let gw1 = named(&g, "gw1");
+    move_before(&mut g, first, gw1);
+    let v = reject(&g, u64::MAX);
+    let sn = name(&g, second);
+    assert!(
+        v.at_node(&sn, |x| matches!(x, Violation::BucketNotAdjacent { bucket: 4, between, .. } if between == "gw1")),
+        "{v}"
+    );
+    assert_eq!(v.0.len(), 1, "{v}");
+}
+
+#[test]
+fn rejects_a_reduction_bucket_mixing_reduce_scatter_and_all_reduce() {
+    // `l2.weight` persistent: its gradient is all-reduced, `l1.weight`'s reduce-scattered.
+    let (g, first, second) = two_reductions_in_one_bucket(true);
+    let v = reject(&g, u64::MAX);
+    let (f, sn) = (name(&g, first), name(&g, second));
+    assert!(
+        v.at_node(&sn, |x| matches!(x, Violation::BucketMixedReduction { bucket: 4, first, expected, found }
+            if *first == f && expected == "an all-reduce of float32" && found == "a reduce-scatter of float32")),
+        "{v}"
+    );
+    assert_eq!(v.0.len(), 1, "{v}");
+}
+
+#[test]
+fn rejects_a_reduction_bucket_mixing_dtypes() {
+    let (mut g, _, second) = two_reductions_in_one_bucket(false);
+    g.meta_mut(second).val = Some(tensor(&[16, 16], Dtype::BFloat16));
+    let v = reject(&g, u64::MAX);
+    let sn = name(&g, second);
+    assert!(
+        v.at_node(
+            &sn,
+            |x| matches!(x, Violation::BucketMixedReduction { bucket: 4, found, .. }
+            if found == "a reduce-scatter of bfloat16")
         ),
         "{v}"
     );

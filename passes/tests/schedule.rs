@@ -274,3 +274,48 @@ fn gathers_join_a_late_bucket_when_a_later_stall_absorbs_the_wait() {
         "step {step} ms, one bucket then the large gather {one_bucket} ms"
     );
 }
+
+/// The backward of eight tiny layers with next to no compute: every gather and reduction is a
+/// latency (20 µs) against 8 µs of compute a layer, so the communication stream is busy past
+/// every node. Issued as they become ready, each reduction would take its own latency and the
+/// next layer's gather, which the compute waits for, would queue behind it (the stream is
+/// FIFO). Held while the stream is busy anyway, the gathers go first and the reductions go out
+/// together, in buckets of one collective each.
+#[test]
+fn reductions_behind_a_busy_stream_go_out_in_buckets_after_the_gathers() {
+    use zerosched_passes::checker::{CheckOptions, check_graph};
+    use zerosched_passes::simulate::{SimOptions, simulate_graph};
+    let p = common::train_step(8, 16, 0.004);
+    let g = inserted(p.graphs[1].clone());
+    // Two layers' weights gathered at once: the gathers are issued close to their need.
+    let opts = ScheduleOptions {
+        budget: 2 * 16 * 16 * 4,
+        ..ScheduleOptions::default()
+    };
+    let (s, r) = scheduled(&g, "prefetch", &opts).expect("feasible");
+    let report = check_graph(&s, &CheckOptions::default()).expect("the checker accepts it");
+    assert!(r.reduce_buckets >= 1, "{r:?}");
+    assert_eq!(report.reduce_buckets, r.reduce_buckets);
+    // A reduction held past its gradient's next layer lets that layer's gather go first.
+    let passed = (1..8).any(|l| {
+        let reduce = pos(&s, &format!("reduce_dw_{l}"));
+        let gather = pos(&s, &format!("allgather_layers_{}_weight", l - 1));
+        pos(&s, &format!("dw_{l}")) < gather && gather < reduce
+    });
+    assert!(passed, "{:?}", common::names(&s));
+    // The buckets save a latency per member beyond the first: the same order with every
+    // reduction a collective of its own is slower.
+    let sim = SimOptions::default();
+    let step = |g: &Graph| simulate_graph(g, &sim).summary.step_ms;
+    let mut apart = s.clone();
+    for (id, n) in s.nodes() {
+        if ops::CommOp::of(n) == Some(ops::CommOp::ReduceGrad) {
+            let kwargs = ops::reduce_kwargs(ops::param_name(n).expect("a param"), true);
+            apart.set_args(id, n.args.clone(), kwargs).expect("valid");
+        }
+    }
+    assert!(step(&s) < step(&apart), "{} vs {}", step(&s), step(&apart));
+    // And faster than just-in-time gathers with reductions issued as they come.
+    let (jit, _) = scheduled(&g, "jit", &opts).expect("feasible");
+    assert!(step(&s) < step(&jit));
+}

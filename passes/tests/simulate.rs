@@ -236,6 +236,73 @@ fn a_reduction_with_nothing_waiting_still_ends_the_step() {
     assert!(close(s.exposed_comm_ms, 2.0), "{s:?}");
 }
 
+/// `backward()` with both reductions after the second gradient, adjacent; in one bucket when
+/// `bucketed`.
+fn adjacent_reductions(bucketed: bool) -> Graph {
+    let mut g = backward();
+    let reduces = find(&g, CommOp::ReduceGrad);
+    let end = find(&g, CommOp::EndBackward)[0];
+    move_before(&mut g, reduces[0], reduces[1]);
+    move_before(&mut g, reduces[1], end);
+    if bucketed {
+        for &id in &reduces {
+            let n = g.node(id);
+            let (args, mut kwargs) = (n.args.clone(), n.kwargs.clone());
+            kwargs.insert("bucket", Arg::Int(3));
+            g.set_args(id, args, kwargs).unwrap();
+        }
+    }
+    g
+}
+
+#[test]
+fn a_bucket_of_two_reductions_pays_one_latency() {
+    let apart = sim(&adjacent_reductions(false));
+    let together = sim(&adjacent_reductions(true));
+    // Apart: 2 + 2 ms back to back from 6 ms.
+    let spans = |s: &GraphSim| -> Vec<(f64, f64)> {
+        s.timeline
+            .comm
+            .iter()
+            .map(|c| (c.start_ms, c.end_ms))
+            .collect()
+    };
+    assert_eq!(spans(&apart), vec![(6.0, 8.0), (8.0, 10.0)]);
+    assert_eq!(apart.summary.reduce_buckets, 0);
+    // Together: one reduce-scatter of 8,000 B, 1 + 2 ms.
+    assert_eq!(spans(&together), vec![(6.0, 9.0)]);
+    assert_eq!(together.timeline.comm[0].bytes, 8000);
+    assert_eq!(together.timeline.comm[0].nodes.len(), 2);
+    assert!(
+        close(together.summary.step_ms, 9.0),
+        "{:?}",
+        together.summary
+    );
+    assert!(
+        close(together.summary.comm_ms, 3.0),
+        "{:?}",
+        together.summary
+    );
+    assert_eq!(
+        (together.summary.reduce_buckets, together.summary.buckets),
+        (1, 0)
+    );
+    assert_eq!(together.summary.reductions, 2);
+    // Each gradient lives until its collective ends: apart, the first (4,000 B) goes at 8 ms
+    // and the second at 10; together, both at 9. The two reduced shards (2,000 B each) stay.
+    let reached = |s: &GraphSim, total: u64| {
+        s.timeline
+            .memory
+            .iter()
+            .find(|m| m.t_ms > 6.0 && m.total == total)
+            .map(|m| m.t_ms)
+    };
+    assert_eq!(reached(&apart, 4000 + 4000), Some(8.0));
+    assert_eq!(reached(&apart, 4000), Some(10.0));
+    assert_eq!(reached(&together, 4000 + 4000), Some(9.0));
+    assert_eq!(reached(&together, 4000), Some(9.0));
+}
+
 #[test]
 fn an_unsharded_gradient_is_all_reduced() {
     let mut g = backward();

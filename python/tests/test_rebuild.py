@@ -81,3 +81,32 @@ def test_a_get_attr_the_original_graph_does_not_have_is_named(graph_with_constan
     node["target"] = "_tensor_constant9"
     with pytest.raises(zerosched.ZeroschedError, match=f"node `{node['name']}`: a get_attr of `_tensor_constant9`"):
         rebuild.rebuild(gm, bad)
+
+
+def test_a_bucket_of_reductions_rebuilds_as_the_runtime_reductions_in_order():
+    """A scheduled backward's reductions may carry ``bucket`` (adjacent reductions issued as one
+    collective): the rebuilt graph calls the runtime's ``reduce_grad`` for each, in the
+    scheduled order, and the runtime's own queue coalesces them (``RUNTIME.reduce_bucket_bytes``)."""
+    gm = make_fx(lambda w1, w2, x, g: (torch.mm(x.t(), g), torch.mm(x.t(), g.relu()), torch.mm(g, w1 + w2)),
+                 tracing_mode="fake")(torch.randn(4, 4), torch.randn(4, 4), torch.randn(2, 4), torch.randn(2, 4))
+    w1, w2 = [n.name for n in gm.graph.nodes if n.op == "placeholder"][:2]
+    doc = export.graph_to_doc(gm, name="bwd", kind="backward",
+                              params=[export.Param("w1", w1, [4, 4], "float32"),
+                                      export.Param("w2", w2, [4, 4], "float32")],
+                              grads=[("w1", 0), ("w2", 1)])
+    scheduled, _ = zerosched.schedule(export.dumps_graph(doc).encode(), {"world_size": 2, "scheduler": "jit"})
+    doc = json.loads(scheduled)
+    nodes = doc["nodes"]
+    reduces = [i for i, n in enumerate(nodes) if n["target"] == "zerosched.reduce_grad.default"]
+    assert len(reduces) == 2
+    # The first right before the second, both in bucket 0: a valid bucketed schedule.
+    first = nodes.pop(reduces[0])
+    nodes.insert(reduces[1] - 1, first)
+    for i in (reduces[1] - 1, reduces[1]):
+        nodes[i]["kwargs"]["bucket"] = 0
+    zerosched.check(json.dumps(doc).encode(), {"world_size": 2})
+    new = rebuild.rebuild(gm, doc)
+    calls = [n for n in new.graph.nodes if n.op == "call_function"]
+    at = [i for i, n in enumerate(calls) if n.target is ops.reduce_grad]
+    assert [calls[i].name for i in at] == [nodes[reduces[1] - 1]["name"], nodes[reduces[1]]["name"]]
+    assert at[1] == at[0] + 1

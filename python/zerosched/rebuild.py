@@ -230,6 +230,8 @@ def _zerosched_node(g: _Graph, d: dict, env: dict[str, torch.fx.Node], param_nod
         after = [_first_tensor(_decode(a, None, env, where), g) for a in kwargs.get("after", [])]
         return g.call(ops.release, (args[0],), {"after": after}, name)
     if target == _ZS + "reduce_grad.default":
+        # A `bucket` keyword is accepted and left to the runtime: its queue already issues
+        # adjacent reductions as one collective (up to `RUNTIME.reduce_bucket_bytes`).
         param = param_node.get(kwargs["param"])
         if param is None or param not in env:
             raise ZeroschedError(f"{where}: the graph does not carry parameter `{kwargs['param']}`, "

@@ -37,7 +37,8 @@ pub trait Communicator<B: Backend> {
         grad: &B::Tensor,
     ) -> Result<Self::Pending, CommError>;
     /// The collectives started from here to [`Communicator::end_group`] are one bucket (the
-    /// adjacent all-gathers of a `bucket` id), which a library may issue as one grouped call.
+    /// adjacent all-gathers, or reductions, of a `bucket` id), which a library may issue as one
+    /// grouped call.
     /// By default each is issued alone.
     fn start_group(&mut self) -> Result<(), CommError> {
         Ok(())

@@ -30,8 +30,8 @@ pub struct Plan<'g, B: Backend> {
     pub(crate) param: Vec<Option<usize>>,
     /// Per compute node, its kernel.
     kernels: Vec<Option<B::Kernel>>,
-    /// Per all-gather: it opens (`.0`) or closes (`.1`) a bucket of several adjacent gathers
-    /// sharing a `bucket` id, the simulator's rule for one collective.
+    /// Per all-gather or reduction: it opens (`.0`) or closes (`.1`) a bucket of several
+    /// adjacent ops of its kind sharing a `bucket` id, the simulator's rule for one collective.
     pub(crate) group: Vec<(bool, bool)>,
     /// Reuse nodes, whose buffers are resident before the first node runs.
     pub(crate) reuses: Vec<NodeId>,
@@ -221,13 +221,14 @@ impl<'g, B: Backend> Plan<'g, B> {
     }
 }
 
-/// Which all-gathers open and close a bucket: runs of adjacent gathers (in the graph's order)
-/// with the same `bucket` id, of two or more.
+/// Which all-gathers and reductions open and close a bucket: runs of adjacent ops of one kind
+/// (in the graph's order) with the same `bucket` id, of two or more.
 fn buckets(g: &Graph, comm: &[Option<CommOp>]) -> Vec<(bool, bool)> {
     let mut group = vec![(false, false); g.node_bound()];
     let bucket_of = |id: NodeId| {
-        (comm[id.index()] == Some(CommOp::AllGather))
-            .then(|| zerosched_ir::comm::bucket(g.node(id)))
+        let op = comm[id.index()];
+        matches!(op, Some(CommOp::AllGather | CommOp::ReduceGrad))
+            .then(|| zerosched_ir::comm::bucket(g.node(id)).map(|b| (op, b)))
             .flatten()
     };
     let order = g.order();

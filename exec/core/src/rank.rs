@@ -441,12 +441,19 @@ impl<'a, B: Backend, C: Communicator<B>> Rank<'a, B, C> {
             numel
         };
         let bytes = numel.saturating_mul(self.backend.dtype(t).size());
+        let i = id.index();
+        let (opens, closes) = plan.group[i];
+        if opens {
+            self.comm.start_group()?;
+        }
         let p = if sharded {
             self.comm.start_reduce_scatter(&mut self.backend, t)?
         } else {
             self.comm.start_all_reduce(&mut self.backend, t)?
         };
-        let i = id.index();
+        if closes {
+            self.comm.end_group()?;
+        }
         w.pending[i] = Some(p);
         if plan.class[i] == i as u32 {
             w.allocate(i, bytes, false);

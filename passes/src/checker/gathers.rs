@@ -1,7 +1,7 @@
 //! Guarantees 2–4: shards are read only by their gathers and the output; every real use of
 //! gathered storage lies between its wait and its release; one wait and one release (or keep)
-//! per gather, none for a gather whose value escapes through the output; buckets are
-//! contiguous and of one dtype. A `reuse` of a buffer an earlier graph kept stands for a
+//! per gather, none for a gather whose value escapes through the output; buckets of gathers
+//! are contiguous and of one dtype. A `reuse` of a buffer an earlier graph kept stands for a
 //! gather throughout.
 
 use super::storage::{self, Storage};
@@ -292,41 +292,14 @@ fn buckets(cx: &mut Ctx, list: &[Gather]) -> usize {
         }
     }
     // `list` is in program order, so each bucket's members are too.
-    for (&bucket, ids) in &members {
-        if let Some((&first, rest)) = ids.split_first() {
-            let expected = comm::bucket_dtypes(cx.g.node(first));
-            for &m in rest {
-                let found = comm::bucket_dtypes(cx.g.node(m));
-                if found != expected {
-                    let violation = Violation::BucketMixedDtype {
-                        bucket,
-                        first: cx.name(first),
-                        expected: describe_dtypes(expected),
-                        found: describe_dtypes(found),
-                    };
-                    cx.at(m, violation);
-                }
-            }
+    super::buckets::check(cx, &members, comm::bucket_dtypes, |bucket, first, e, f| {
+        Violation::BucketMixedDtype {
+            bucket,
+            first,
+            expected: describe_dtypes(e),
+            found: describe_dtypes(f),
         }
-        for pair in ids.windows(2) {
-            let (prev, next) = (pair[0], pair[1]);
-            let after_prev = cx.pos(prev).saturating_add(1);
-            if cx.pos(next) != after_prev {
-                let between =
-                    cx.g.order()
-                        .get(after_prev)
-                        .map_or(String::new(), |&b| cx.name(b));
-                let previous = cx.name(prev);
-                let violation = Violation::BucketNotAdjacent {
-                    bucket,
-                    previous,
-                    between,
-                };
-                cx.at(next, violation);
-            }
-        }
-    }
-    members.len()
+    })
 }
 
 /// `bf16 (cast)` or `f32`, for a bucket's dtype violation.

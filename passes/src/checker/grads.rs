@@ -1,21 +1,31 @@
-//! Guarantee 5: in a backward graph every gradient slot is reduced exactly once, after its
-//! producer, and `end_backward` follows every reduction and precedes the output.
+//! Guarantee 6: in a backward graph every gradient slot is reduced exactly once, after its
+//! producer, and `end_backward` follows every reduction and precedes the output. And guarantee
+//! 4 for reductions: a bucket of them is contiguous, of one collective and one dtype.
 
 use super::{Ctx, Violation};
 use std::collections::{BTreeMap, BTreeSet};
 use zerosched_ir::comm::{self, CommOp};
-use zerosched_ir::{Arg, Graph, GraphKind, NodeId, SideTable};
+use zerosched_ir::{Arg, Dtype, Graph, GraphKind, NodeId, SideTable};
 
-/// Returns the number of reductions.
-pub(super) fn check(cx: &mut Ctx) -> usize {
+/// What the gradient checks found: the number of reductions and of distinct bucket ids among them.
+pub(super) struct Reductions {
+    pub count: usize,
+    pub buckets: usize,
+}
+
+pub(super) fn check(cx: &mut Ctx) -> Reductions {
     let g = cx.g;
     let reduces: Vec<NodeId> = g
         .nodes()
         .filter(|(_, n)| CommOp::of(n) == Some(CommOp::ReduceGrad))
         .map(|(id, _)| id)
         .collect();
+    let counted = Reductions {
+        count: reduces.len(),
+        buckets: buckets(cx, &reduces),
+    };
     if g.kind != GraphKind::Backward {
-        return reduces.len();
+        return counted;
     }
     let slotted: BTreeSet<&str> = g.grads.iter().map(|gr| gr.param.as_str()).collect();
     let mut first: BTreeMap<&str, NodeId> = BTreeMap::new();
@@ -92,7 +102,42 @@ pub(super) fn check(cx: &mut Ctx) -> usize {
             }
         }
     }
-    reduces.len()
+    counted
+}
+
+/// Guarantee 4 for the reductions `reduces` (in program order); returns the number of distinct
+/// bucket ids.
+fn buckets(cx: &mut Ctx, reduces: &[NodeId]) -> usize {
+    let mut members: BTreeMap<i64, Vec<NodeId>> = BTreeMap::new();
+    for &r in reduces {
+        if let Some(b) = comm::bucket(cx.g.node(r)) {
+            members.entry(b).or_default().push(r);
+        }
+    }
+    super::buckets::check(
+        cx,
+        &members,
+        comm::reduce_bucket_kind,
+        |bucket, first, expected, found| Violation::BucketMixedReduction {
+            bucket,
+            first,
+            expected: describe(expected),
+            found: describe(found),
+        },
+    )
+}
+
+/// `a reduce-scatter of bfloat16`, for a bucket's violation.
+fn describe((sharded, dtype): (bool, Option<Dtype>)) -> String {
+    let kind = if sharded {
+        "a reduce-scatter"
+    } else {
+        "an all-reduce"
+    };
+    format!(
+        "{kind} of {}",
+        dtype.map_or("an unknown dtype", Dtype::name)
+    )
 }
 
 /// Whether `v` is `getitem(end_backward([..]), k)` whose `k`-th entry reduces `param`.

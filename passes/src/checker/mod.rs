@@ -10,6 +10,7 @@
 //! schedulers and the report share.
 
 mod across;
+mod buckets;
 mod gathers;
 mod grads;
 mod memory;
@@ -55,9 +56,11 @@ pub struct CheckReport {
     pub reuses: usize,
     pub releases: usize,
     pub keeps: usize,
-    /// Distinct `bucket` ids.
+    /// Distinct `bucket` ids among the gathers.
     pub buckets: usize,
     pub reductions: usize,
+    /// Distinct `bucket` ids among the reductions.
+    pub reduce_buckets: usize,
     /// Peak gathered bytes in the program-order replay.
     pub peak_gathered: u64,
     /// Parameters whose gathered value the output returns (never released), by gather.
@@ -123,7 +126,8 @@ fn check_into(
         releases: gathers.releases,
         keeps: gathers.keeps,
         buckets: gathers.buckets,
-        reductions,
+        reductions: reductions.count,
+        reduce_buckets: reductions.buckets,
         peak_gathered,
         escaped: gathers
             .list

@@ -69,6 +69,17 @@ pub enum Violation {
         found: String,
     },
 
+    #[error(
+        "bucket {bucket} member is {found}, but member `{first}` is {expected}: one coalesced \
+         reduction is one collective over one dtype"
+    )]
+    BucketMixedReduction {
+        bucket: i64,
+        first: String,
+        expected: String,
+        found: String,
+    },
+
     #[error("reuse carries `bucket` {bucket}; a reuse issues no collective and has no bucket")]
     BucketOnReuse { bucket: i64 },
 
@@ -84,7 +95,7 @@ pub enum Violation {
         graph: String,
     },
 
-    // 6. gradients
+    // 6. gradients (their buckets are checked as guarantee 4)
     #[error(
         "gradient slot {slot} of `{param}` is not a getitem of end_backward over its reduce_grad"
     )]

@@ -53,6 +53,8 @@ pub struct ScheduleReport {
     pub buckets: usize,
     pub releases: usize,
     pub reductions: usize,
+    /// Coalesced groups of two or more reductions.
+    pub reduce_buckets: usize,
     /// Peak gathered bytes in the new program order.
     pub peak_gathered: u64,
     /// Peak of all live bytes, simulated; computed only under a memory budget (else 0).

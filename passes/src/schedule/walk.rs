@@ -10,7 +10,11 @@
 //! are first needed. Under `prefetch` a gather is issued ahead of need while it fits the
 //! budget and the communication stream would otherwise fall idle during the next compute
 //! node; gathers issued at one point are coalesced into a bucket while that does not delay the
-//! bucket's first member past its need.
+//! bucket's first member past its need. Under `prefetch` a ready reduction is also held back
+//! while the communication stream is busy past the next compute node anyway: the next
+//! gathers, which compute waits for, then go first, and the reductions held go out together
+//! as one bucket (one latency) once the stream would otherwise fall idle, as long as the
+//! memory budget has room for the gradients held.
 //!
 //! A small two-stream clock (compute, communication) drives these choices; the simulator,
 //! not this clock, reports step times. Every node is visited a constant number of times.
@@ -40,6 +44,7 @@ enum Role {
 pub(super) struct Outcome {
     order: Vec<NodeId>,
     buckets: Vec<Vec<NodeId>>,
+    reduce_buckets: Vec<Vec<NodeId>>,
     pub peak: u64,
     /// The most gathered bytes a forced (just-in-time) gather needed over the budget; 0 when
     /// it fits.
@@ -67,6 +72,7 @@ pub(super) fn walk(
     Outcome {
         order: std::mem::take(&mut w.order),
         buckets: std::mem::take(&mut w.buckets),
+        reduce_buckets: std::mem::take(&mut w.reduce_buckets),
         peak: w.peak,
         needed: w.needed,
     }
@@ -86,14 +92,17 @@ pub(super) fn apply(
     let Outcome {
         order,
         buckets,
+        reduce_buckets,
         peak,
         ..
     } = outcome;
+    let multi = |b: &Vec<NodeId>| b.len() > 1;
     let report = ScheduleReport {
         gathers: plan.gathers,
-        buckets: buckets.iter().filter(|b| b.len() > 1).count(),
+        buckets: buckets.iter().filter(|b| multi(b)).count(),
         releases: plan.releases,
         reductions: plan.reductions,
+        reduce_buckets: reduce_buckets.iter().filter(|b| multi(b)).count(),
         peak_gathered: peak,
         peak_memory: 0,
     };
@@ -101,13 +110,15 @@ pub(super) fn apply(
         return Err(bad(Problem::BadOrder));
     }
     g.set_order(order).map_err(bad)?;
-    let multi = buckets.into_iter().filter(|b| b.len() > 1);
-    for (id, members) in multi.enumerate() {
-        for m in members {
-            let n = g.node(m);
-            let (args, mut kwargs) = (n.args.clone(), n.kwargs.clone());
-            zerosched_ir::comm::set_bucket(&mut kwargs, id as i64);
-            g.set_args(m, args, kwargs).map_err(bad)?;
+    // Gathers and reductions number their buckets apart (docs/format.md).
+    for kind in [buckets, reduce_buckets] {
+        for (id, members) in kind.into_iter().filter(multi).enumerate() {
+            for m in members {
+                let n = g.node(m);
+                let (args, mut kwargs) = (n.args.clone(), n.kwargs.clone());
+                zerosched_ir::comm::set_bucket(&mut kwargs, id as i64);
+                g.set_args(m, args, kwargs).map_err(bad)?;
+            }
         }
     }
     Ok(report)
@@ -131,9 +142,12 @@ pub(super) struct Plan {
     need_at: SideTable<usize>,
     /// The gather each node's storage belongs to, for releases and waits.
     gather_of: SideTable<Option<NodeId>>,
+    /// A gather's full buffer, a reduction's gradient.
     bytes: SideTable<u64>,
     /// What a gather's bucket-mates must share ([`zerosched_ir::comm::bucket_dtypes`]).
     dtypes: SideTable<(Option<Dtype>, Option<Dtype>)>,
+    /// What a reduction's bucket-mates must share ([`zerosched_ir::comm::reduce_bucket_kind`]).
+    reduce_kind: SideTable<(bool, Option<Dtype>)>,
     /// Reuses of buffers an earlier graph kept: resident from the start, no communication.
     resident: SideTable<bool>,
     /// Distinct inputs of each eager node.
@@ -164,6 +178,7 @@ impl Plan {
             gather_of: SideTable::new(g, None),
             bytes: SideTable::new(g, 0),
             dtypes: SideTable::new(g, (None, None)),
+            reduce_kind: SideTable::new(g, (true, None)),
             resident: SideTable::new(g, false),
             deps: SideTable::new(g, 0),
             gathers: 0,
@@ -209,6 +224,8 @@ impl Plan {
                 }
                 Some(CommOp::ReduceGrad) => {
                     p.reductions += 1;
+                    p.bytes[id] = n.meta.val.as_ref().and_then(|v| v.nbytes()).unwrap_or(0);
+                    p.reduce_kind[id] = zerosched_ir::comm::reduce_bucket_kind(n);
                     Role::Eager
                 }
                 _ => {
@@ -265,17 +282,6 @@ impl Plan {
         }
         p
     }
-}
-
-/// What reducing `n`'s gradient costs: a persistent parameter's is all-reduced, not scattered.
-fn reduction_ms(n: &zerosched_ir::Node, opts: &ScheduleOptions) -> f64 {
-    let bytes = n.meta.val.as_ref().and_then(|v| v.nbytes()).unwrap_or(0);
-    let kind = if zerosched_ir::comm::reduce_sharded(n) {
-        Collective::ReduceScatter
-    } else {
-        Collective::AllReduce
-    };
-    opts.cost.collective_ms(kind, bytes, opts.world_size)
 }
 
 /// The views that only reductions read, through other such views (found from the last node
@@ -362,7 +368,9 @@ struct Walk<'a> {
     order: Vec<NodeId>,
     buckets: Vec<Vec<NodeId>>,
     open: Option<Bucket>,
+    /// Reductions ready to issue, in the order they became ready.
     reduce_queue: Vec<NodeId>,
+    reduce_buckets: Vec<Vec<NodeId>>,
     /// Scratch for [`Walk::place`].
     stack: Vec<(NodeId, bool)>,
     /// Scratch for [`Walk::emit`].
@@ -409,6 +417,7 @@ impl<'a> Walk<'a> {
             buckets: Vec::new(),
             open: None,
             reduce_queue: Vec::new(),
+            reduce_buckets: Vec::new(),
             stack: Vec::new(),
             emitted_now: Vec::new(),
             t_compute: 0.0,
@@ -428,7 +437,9 @@ impl<'a> Walk<'a> {
         for (i, &s) in plan.spine.iter().enumerate() {
             self.issue_gathers(i, plan.cost[s]);
             self.open = None;
-            self.flush_reductions();
+            if !self.hold_reductions(i, plan.cost[s]) {
+                self.flush_reductions();
+            }
             self.place(s);
         }
         // Whatever no compute node needed, in program order.
@@ -667,13 +678,112 @@ impl<'a> Walk<'a> {
         self.emit(gather);
     }
 
-    fn flush_reductions(&mut self) {
-        for r in std::mem::take(&mut self.reduce_queue) {
-            let start = self.t_compute.max(self.t_comm);
-            self.t_comm = start + reduction_ms(self.g.node(r), self.opts);
-            self.end_of[r] = self.t_comm;
-            self.emit(r);
+    /// Whether the queued reductions wait past spine node `i` (cost `cost`) rather than go out
+    /// before it: under `prefetch`, while the communication stream is busy past that node's end
+    /// anyway (issued now, they would hold up the next gathers and start no sooner than the
+    /// next flush's, give or take those gathers), while together they are latency-bound (their
+    /// bytes take less time than the latency a bucket saves each member; larger gradients
+    /// would only be held for nothing), and while the memory budget has room for the gradients
+    /// held over it. Held, their bytes count against the room there.
+    fn hold_reductions(&mut self, i: usize, cost: f64) -> bool {
+        if !self.policy.bucketing || self.reduce_queue.is_empty() {
+            return false;
         }
+        if self.t_comm < self.node_start() + cost {
+            return false;
+        }
+        let held = self
+            .reduce_queue
+            .iter()
+            .fold(0u64, |acc, &r| acc.saturating_add(self.plan.bytes[r]));
+        let ms = |bytes| {
+            self.opts
+                .cost
+                .collective_ms(Collective::ReduceScatter, bytes, self.opts.world_size)
+        };
+        let latency = ms(0);
+        if ms(held) - latency > latency {
+            return false;
+        }
+        let end = (i + 1).min(self.plan.spine.len());
+        if let Some(r) = self.room.as_mut() {
+            if r.live.max(i, end).saturating_add(held) > r.limit {
+                return false;
+            }
+            r.live.add(i, end, held);
+        }
+        true
+    }
+
+    /// Issues the queued reductions. Under `prefetch` they go out as few collectives as one
+    /// kind and dtype per collective allows: the queue grouped by kind (first come first),
+    /// each group one bucket. Without bucketing each is a collective of its own.
+    fn flush_reductions(&mut self) {
+        let mut queue = std::mem::take(&mut self.reduce_queue);
+        if self.policy.bucketing {
+            // Reductions are independent of each other: any order among them is valid.
+            let kind = &self.plan.reduce_kind;
+            let mut kinds: Vec<(bool, Option<Dtype>)> = Vec::new();
+            for &r in &queue {
+                if !kinds.contains(&kind[r]) {
+                    kinds.push(kind[r]);
+                }
+            }
+            queue.sort_by_key(|&r| kinds.iter().position(|&k| k == kind[r]));
+        }
+        let mut members: Vec<NodeId> = Vec::new();
+        for &r in &queue {
+            // A bucket is adjacent reductions of one kind in the order; anything an emit
+            // placed after the last member (nothing, for reductions that only `end_backward`
+            // reads) ends it.
+            let joins = self.policy.bucketing
+                && members.last().is_some_and(|&m| {
+                    self.plan.reduce_kind[m] == self.plan.reduce_kind[r]
+                        && self.order.last() == Some(&m)
+                });
+            if !joins {
+                self.issue_reductions(std::mem::take(&mut members));
+            }
+            self.emit(r);
+            members.push(r);
+        }
+        self.issue_reductions(members);
+        queue.clear();
+        self.reduce_queue = queue;
+    }
+
+    /// Times `members` (already placed, adjacent, of one kind) as one collective of their
+    /// summed bytes, after what the stream holds.
+    fn issue_reductions(&mut self, members: Vec<NodeId>) {
+        let Some(&first) = members.first() else {
+            return;
+        };
+        let kind = if self.plan.reduce_kind[first].0 {
+            Collective::ReduceScatter
+        } else {
+            Collective::AllReduce
+        };
+        let bytes = members
+            .iter()
+            .fold(0u64, |acc, &r| acc.saturating_add(self.plan.bytes[r]));
+        let start = self.t_compute.max(self.t_comm);
+        self.t_comm = start
+            + self
+                .opts
+                .cost
+                .collective_ms(kind, bytes, self.opts.world_size);
+        for &r in &members {
+            self.end_of[r] = self.t_comm;
+        }
+        if members.len() > 1 {
+            tracing::debug!(
+                members = members.len(),
+                bytes,
+                first = %self.g.node(first).name,
+                "reductions coalesced into one bucket"
+            );
+        }
+        self.reduce_buckets.push(members);
     }
 
     /// Places `node` after everything it needs that is not yet placed (deferred nodes, and a

@@ -6,7 +6,7 @@
 //! has finished everything before it, and that is when comm ops are issued. The communication
 //! stream runs gathers and reductions FIFO in program order, each starting at
 //! `max(issue, stream free)`; adjacent gathers sharing a `bucket` id are one collective of their
-//! summed bytes. A wait stalls the compute stream until its gather ends, `end_backward` until
+//! summed bytes, and so are adjacent reductions sharing one. A wait stalls the compute stream until its gather ends, `end_backward` until
 //! all its reductions end; a release frees at its position.
 //!
 //! Memory: each storage class (`alias::Aliases`) is allocated when its allocating node starts
@@ -76,6 +76,8 @@ pub struct Summary {
     /// Collectives coalescing two or more gathers.
     pub buckets: usize,
     pub reductions: usize,
+    /// Collectives coalescing two or more reductions.
+    pub reduce_buckets: usize,
 }
 
 /// A span of the compute stream: a kernel, or a stall at a wait or `end_backward`.
@@ -150,6 +152,7 @@ pub fn simulate_program(p: &Program, opts: &SimOptions) -> ProgramSim {
         total.gathers += s.gathers;
         total.buckets += s.buckets;
         total.reductions += s.reductions;
+        total.reduce_buckets += s.reduce_buckets;
         graphs.push(sim);
     }
     total.ratio = ratio(total.step_ms, total.lower_bound_ms);
@@ -177,6 +180,7 @@ pub fn simulate_graph(g: &Graph, opts: &SimOptions) -> GraphSim {
         gathers,
         buckets,
         reductions,
+        reduce_buckets,
         ..
     } = sim;
     mem.finish();
@@ -200,6 +204,7 @@ pub fn simulate_graph(g: &Graph, opts: &SimOptions) -> GraphSim {
             gathers,
             buckets,
             reductions,
+            reduce_buckets,
         },
         timeline: Timeline {
             memory: std::mem::take(&mut mem.samples),
@@ -247,6 +252,7 @@ struct Sim<'a> {
     gathers: usize,
     buckets: usize,
     reductions: usize,
+    reduce_buckets: usize,
 }
 
 impl<'a> Sim<'a> {
@@ -291,6 +297,7 @@ impl<'a> Sim<'a> {
             gathers: 0,
             buckets: 0,
             reductions: 0,
+            reduce_buckets: 0,
             aliases,
         };
         for (id, n) in g.nodes() {
@@ -332,6 +339,8 @@ impl<'a> Sim<'a> {
             }
         }
         let order = g.order();
+        // Where the bucket being issued ends; the bucket's collective is issued at its first
+        // member and covers the rest.
         let mut bucket_end = 0;
         for (i, &id) in order.iter().enumerate() {
             let n = g.node(id);
@@ -343,13 +352,15 @@ impl<'a> Sim<'a> {
                 Some(CommOp::AllGather) => {
                     self.gathers += 1;
                     if i >= bucket_end {
-                        bucket_end = i + self.issue_gathers(&order[i..]);
+                        bucket_end = i + self.issue_bucket(&order[i..]);
                     }
                     self.mem.alloc(t, self.bytes[id], true);
                 }
                 Some(CommOp::ReduceGrad) => {
                     self.reductions += 1;
-                    self.issue_reduce(id);
+                    if i >= bucket_end {
+                        bucket_end = i + self.issue_bucket(&order[i..]);
+                    }
                     if self.owns_storage(id) {
                         self.mem.alloc(t, self.bytes[id], false);
                     }
@@ -442,43 +453,48 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Issues the collective of the bucket that starts `run[0]`: the adjacent gathers sharing
-    /// its `bucket` id (just itself without one). Returns how many gathers it covers.
-    fn issue_gathers(&mut self, run: &[NodeId]) -> usize {
+    /// Issues the collective of the bucket that starts `run[0]` (a gather or a reduction): the
+    /// adjacent ops of its kind sharing its `bucket` id (just itself without one), priced as one
+    /// collective of their summed bytes. Returns how many ops it covers.
+    fn issue_bucket(&mut self, run: &[NodeId]) -> usize {
         let g = self.g;
-        let bucket = run.first().and_then(|&id| ops::bucket(g.node(id)));
-        let len = match bucket {
+        let Some(&head) = run.first() else {
+            return 0;
+        };
+        let op = self.comm[head];
+        let len = match ops::bucket(g.node(head)) {
             None => 1,
             Some(b) => run
                 .iter()
-                .take_while(|&&id| {
-                    self.comm[id] == Some(CommOp::AllGather) && ops::bucket(g.node(id)) == Some(b)
-                })
+                .take_while(|&&id| self.comm[id] == op && ops::bucket(g.node(id)) == Some(b))
                 .count(),
         };
         let nodes = run[..len].to_vec();
-        let bytes = nodes
-            .iter()
-            .fold(0u64, |acc, &id| acc.saturating_add(self.bytes[id]));
-        if nodes.len() > 1 {
-            self.buckets += 1;
-        }
-        self.issue(Collective::AllGather, nodes, bytes);
-        len
-    }
-
-    fn issue_reduce(&mut self, id: NodeId) {
-        let n = self.g.node(id);
-        let kind = if comm::reduce_sharded(n) {
-            Collective::ReduceScatter
+        let (kind, bytes) = if op == Some(CommOp::ReduceGrad) {
+            let kind = if comm::reduce_sharded(g.node(head)) {
+                Collective::ReduceScatter
+            } else {
+                Collective::AllReduce
+            };
+            let bytes = nodes.iter().fold(0u64, |acc, &id| {
+                let n = g.node(id);
+                let grad = first_arg(n)
+                    .and_then(|v| val_bytes(g, v))
+                    .or_else(|| val_bytes(g, id))
+                    .unwrap_or(0);
+                acc.saturating_add(grad)
+            });
+            self.reduce_buckets += usize::from(len > 1);
+            (kind, bytes)
         } else {
-            Collective::AllReduce
+            let bytes = nodes
+                .iter()
+                .fold(0u64, |acc, &id| acc.saturating_add(self.bytes[id]));
+            self.buckets += usize::from(len > 1);
+            (Collective::AllGather, bytes)
         };
-        let bytes = first_arg(n)
-            .and_then(|v| val_bytes(self.g, v))
-            .or_else(|| val_bytes(self.g, id))
-            .unwrap_or(0);
-        self.issue(kind, vec![id], bytes);
+        self.issue(kind, nodes, bytes);
+        len
     }
 
     fn issue(&mut self, kind: Collective, nodes: Vec<NodeId>, bytes: u64) {
