@@ -5,9 +5,9 @@
 //! a gather ahead of need only where those bytes, plus what it has already issued ahead, leave
 //! room for it until its need; the result is simulated, and where timing made it overshoot
 //! (a gradient freed later because its reduction queued behind a prefetch) the walk runs again
-//! with the limit lowered by the overshoot. After a few tries the `jit` schedule itself is the
-//! answer: so every memory at or above its peak succeeds, and that peak is the smallest
-//! memory budget named when none fits.
+//! with the limit lowered by the overshoot, twice as much each time. After a few tries the
+//! `jit` schedule itself is the answer: so every memory at or above its peak succeeds, and that
+//! peak is the smallest memory budget named when none fits.
 
 use super::walk::{self, Outcome, Plan, Policy, Room};
 use super::{Least, ScheduleError, ScheduleOptions, ScheduleReport};
@@ -134,7 +134,7 @@ pub(super) fn prefetch(
     check_jit(g, opts, &jit_report)?;
     let live = by_spine(&jit_graph, plan.spine(), &live);
     let mut limit = opts.memory;
-    for _ in 0..TRIES {
+    for attempt in 0..TRIES {
         let room = Room {
             live: MaxAdd::from_live(&live),
             limit,
@@ -150,7 +150,10 @@ pub(super) fn prefetch(
             *g = scheduled;
             return Ok(report);
         }
-        limit = limit.saturating_sub(report.peak_memory - opts.memory);
+        // The walk's decisions are discrete: a limit lower by the overshoot alone often makes
+        // the same ones again, so what each try takes off doubles.
+        let over = report.peak_memory - opts.memory;
+        limit = limit.saturating_sub(over.saturating_mul(1 << attempt));
     }
     *g = jit_graph;
     Ok(jit_report)
