@@ -10,7 +10,8 @@ PyTorch's scheduler is run again with its bytes in flight capped to fit, if it c
 
 One markdown table: per program, memory and scheduler, the simulated step over its lower bound,
 exposed communication, peak gathered and peak device bytes (the simulator's, every value the
-step holds), collectives coalescing two or more gathers, scheduling time, and the checker's word.
+step holds), collectives coalescing two or more gathers and two or more gradient reductions,
+scheduling time, and the checker's word.
 
     PYTHONPATH=python python python/bench_overlap.py [PROGRAM ...] [--world-size 8] [--no-bucketing]
 
@@ -169,7 +170,7 @@ def _gib(b: int) -> str:
 
 def table(rows: list[Row], m: Measure) -> str:
     out = [f"| program | {m.words} budget | scheduler | step ms | step / bound | exposed comm ms | peak gathered "
-           "| peak device | buckets | scheduling s | checker |",
+           "| peak device | buckets (gathers + reductions) | scheduling s | checker |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     last = None
     for r in rows:
@@ -180,7 +181,7 @@ def table(rows: list[Row], m: Measure) -> str:
             continue
         t = r.total
         out.append(f"| {prog} | {r.memory} | {r.scheduler} | {t['step_ms']:.3f} | {t['ratio']:.3f} | {t['exposed_comm_ms']:.2f} "
-                   f"| {_gib(t['peak_gathered_bytes'])} | {_gib(t['peak_total_bytes'])} | {t['buckets']} "
+                   f"| {_gib(t['peak_gathered_bytes'])} | {_gib(t['peak_total_bytes'])} | {t['buckets']} + {t['reduce_buckets']} "
                    f"| {r.seconds:.3f} | {r.check} |")
     return "\n".join(out)
 

@@ -77,13 +77,35 @@ def test_pytorchs_schedule_is_read_back_whole_and_the_checker_takes_it(program, 
         # The same nodes, reordered: nothing lost or added by the read-back.
         assert sorted(d["name"] for d in got["nodes"]) == sorted(d["name"] for d in want["nodes"])
         assert sched["gathers"] == sum(d["target"] == "zerosched.allgather.default" for d in want["nodes"])
-    # PyTorch bucketed some gathers; each bucket is adjacent in the order and has one id.
+    # PyTorch bucketed some gathers; each bucket is adjacent in the order and has one id
+    # (gathers and reductions number theirs apart).
     assert sum(s["buckets"] for s in summary["schedules"]) > 0
     for g in doc["graphs"]:
-        ids = [d.get("kwargs", {}).get("bucket") for d in g["nodes"]]
-        runs = [b for i, b in enumerate(ids) if b is not None and (i == 0 or ids[i - 1] != b)]
-        assert len(runs) == len(set(runs))
+        for target in ("zerosched.allgather.default", "zerosched.reduce_grad.default"):
+            ids = [d.get("kwargs", {}).get("bucket") if d["target"] == target else None for d in g["nodes"]]
+            runs = [b for i, b in enumerate(ids) if b is not None and (i == 0 or ids[i - 1] != b)]
+            assert len(runs) == len(set(runs))
     assert torch_schedule.seconds > 0
+
+
+def test_the_reductions_of_one_pytorch_collective_share_a_bucket():
+    # GPT-2's backward, where PyTorch coalesces five pairs of reduce-scatters (Llama's has none).
+    torch_schedule = overlap.schedule_program(json.loads((FIXTURES / "gpt2.program.json").read_text()),
+                                              world_size=WORLD)
+    doc = json.loads(torch_schedule.document)
+    for g, plan in zip(doc["graphs"], torch_schedule.plans):
+        bucket = {d["kwargs"]["param"]: d["kwargs"].get("bucket") for d in g["nodes"]
+                  if d["target"] == "zerosched.reduce_grad.default"}
+        by_collective: dict[int, list] = {}
+        for param, (at, _) in plan.reductions.items():
+            by_collective.setdefault(at, []).append(bucket[param])
+        for ids in by_collective.values():
+            # One bucket id for a coalesced collective's reductions, none for one alone.
+            assert len(set(ids)) == 1 and (ids[0] is None) == (len(ids) == 1), ids
+    collectives = [[at for at, _ in plan.reductions.values()] for plan in torch_schedule.plans]
+    coalesced = sum(1 for ats in collectives for at in set(ats) if ats.count(at) > 1)
+    sim = json.loads(zerosched.simulate(torch_schedule.document, {"world_size": WORLD}))["simulation"]["total"]
+    assert sim["reduce_buckets"] == coalesced == 5
 
 
 def test_the_read_back_keeps_pytorchs_order_and_issues_each_gather_where_pytorch_did(torch_schedule):

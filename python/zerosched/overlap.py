@@ -15,7 +15,8 @@ The scheduled graph's order and buckets are then laid onto zerosched's own inser
 (the pipeline with ``schedule`` and ``keep`` switched off): compute nodes at PyTorch's
 positions, each parameter's gather and wait at those of the collective that carries it (the
 gathers of one PyTorch bucket adjacent, with one ``bucket`` id), each reduction at its
-reduce-scatter's, releases right after the last use. The result is an fx-graph v1 schedule
+reduce-scatter's (the reductions of one PyTorch bucket adjacent, with one ``bucket`` id of the
+reductions' own), releases right after the last use. The result is an fx-graph v1 schedule
 that zerosched's checker and simulator read like any other.
 """
 
@@ -416,6 +417,8 @@ def lay_out(inserted: dict, plan: Plan) -> dict:
     end = len(plan.position) + 1
     keys: dict[str, tuple] = {}
     bucket_of: dict[str, int] = {}
+    #: each reduction's PyTorch collective (its position)
+    reduce_bucket_of: dict[str, int] = {}
     missing = []
     for i, d in enumerate(nodes):
         name, target = d["name"], d.get("target", "")
@@ -442,6 +445,7 @@ def lay_out(inserted: dict, plan: Plan) -> dict:
                 continue
             at, j = plan.reductions[param]
             keys[name] = (max(float(at), after[0]), 1 << 20 | j, i)
+            reduce_bucket_of[name] = at
         elif target == _ZS + "end_backward.default":
             keys[name] = (float(end), 0, i)
         elif name in plan.position:
@@ -480,7 +484,26 @@ def lay_out(inserted: dict, plan: Plan) -> dict:
         if b is not None and sizes[b] > 1:
             d["kwargs"] = dict(d.get("kwargs", {}), bucket=ids.setdefault(b, len(ids)))
         out.append(d)
+    _bucket_reductions(out, reduce_bucket_of)
     return dict(inserted, nodes=out)
+
+
+def _bucket_reductions(nodes: list[dict], collective_of: dict[str, int]) -> None:
+    """Gives the reductions of one PyTorch collective a ``bucket`` id of their own (reductions
+    number their buckets apart from gathers), where the order left them adjacent and of one
+    kind and dtype, as docs/format.md requires; each run of two or more is one bucket."""
+    def key(d: dict):
+        return (collective_of.get(d["name"]), d.get("kwargs", {}).get("sharded"),
+                json.dumps(d.get("meta", {}).get("val", {}).get("dtype")))
+    runs: list[list[dict]] = []
+    for d in nodes:
+        if d["name"] in collective_of and runs and runs[-1] and key(runs[-1][-1]) == key(d):
+            runs[-1].append(d)
+        else:
+            runs.append([d] if d["name"] in collective_of else [])
+    for b, run in enumerate(r for r in runs if len(r) > 1):
+        for d in run:
+            d["kwargs"] = dict(d.get("kwargs", {}), bucket=b)
 
 
 @dataclass
