@@ -370,6 +370,7 @@ struct Walk<'a> {
     open: Option<Bucket>,
     /// Reductions ready to issue, in the order they became ready.
     reduce_queue: Vec<NodeId>,
+    /// The members of each reduction collective issued (one alone unless bucketed).
     reduce_buckets: Vec<Vec<NodeId>>,
     /// Scratch for [`Walk::place`].
     stack: Vec<(NodeId, bool)>,
