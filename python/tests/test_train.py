@@ -58,6 +58,9 @@ def test_training_matches_the_unsharded_eager_run(ranks, model, inner, cost, per
         assert r["gathered_between"] == [[]] * train_cases.STEPS
         assert r["bytes_between"] == [0] * train_cases.STEPS
         assert r["model_grads"] == [[]] * train_cases.STEPS
+        # Every reduction is waited for once, at the end of the backward pass.
+        assert r["waits"] == [1] * train_cases.STEPS
+        assert r["in_flight_between"] == [0] * train_cases.STEPS
         assert 0 < r["peak"] <= BUDGET
         if cost is not None:
             assert r["buckets"] > 0
@@ -90,5 +93,8 @@ def test_blocks_compiled_one_by_one_compile_once_and_match_the_unsharded_eager_r
         assert r["gathered_between"] == [[]] * train_cases.STEPS
         assert r["model_grads"] == [[]] * train_cases.STEPS
         assert r["fallback_between"] == [[]] * train_cases.STEPS
+        # Each block's backward graph ends with end_backward; the pass waits for its reductions once.
+        assert r["waits"] == [1] * train_cases.STEPS
+        assert r["in_flight_between"] == [0] * train_cases.STEPS
         outside = r["fallback_after_forward"][0]
         assert outside and not any(".layers." in n or ".h." in n for n in outside), outside

@@ -89,7 +89,7 @@ def train(name: str, inner: str, budget: int, cost: dict | None = None, persiste
     else:
         compiled = torch.compile(model, backend=backend)
     out: dict = {"loss": [], "ref_loss": [], "gathered_between": [], "bytes_between": [], "model_grads": [],
-                 "fallback_after_forward": [], "fallback_between": []}
+                 "fallback_after_forward": [], "fallback_between": [], "waits": [], "in_flight_between": []}
     b = spec.batch
     try:
         for ids in batches(spec, world, steps):
@@ -97,7 +97,10 @@ def train(name: str, inner: str, budget: int, cost: dict | None = None, persiste
             mine = ids[rank * b : (rank + 1) * b]
             loss = compiled(input_ids=mine, labels=mine).loss
             out["fallback_after_forward"].append(sorted(runtime.RUNTIME.fallback))
+            waits0 = runtime.RUNTIME.backward_waits
             out["loss"].append(mean_over_ranks(step(loss, opt)))
+            out["waits"].append(runtime.RUNTIME.backward_waits - waits0)
+            out["in_flight_between"].append(len(runtime.RUNTIME.reductions) + len(runtime.RUNTIME.queued))
             out["ref_loss"].append(step(ref(input_ids=ids, labels=ids).loss, opt_ref))
 
             out["gathered_between"].append(sharded.gathered())

@@ -72,6 +72,8 @@ class Runtime:
         #: its reduce_grad); 0 issues every reduction on its own.
         self.reduce_bucket_bytes = 64 << 20
         self.reductions: list[_Reduction] = []  # issued, oldest first, not yet accumulated
+        self.finish_queued_for: int | None = None  # the backward pass whose end will wait for them
+        self.backward_waits = 0  # waits for every reduction in flight (one per backward pass)
         self.gathered_bytes = 0  # gathered by compiled graphs and not yet released
         self.peak_gathered_bytes = 0
         self.live: dict[int, tuple[str, int]] = {}  # data_ptr of a gathered buffer -> (name, bytes)
@@ -433,13 +435,32 @@ def _accumulate_completed() -> None:
 
 
 def end_backward() -> None:
-    """Issues the queued reductions, waits for every reduction in flight and averages each into
-    its shard's ``.grad``."""
+    """Issues the queued reductions and, once the backward pass is over, waits for every
+    reduction in flight and averages each into its shard's ``.grad``.  A backward graph ends
+    before the pass does when each block is compiled on its own: waiting at every block's end
+    would put each block's reductions in the way of the next block's backward compute, so inside
+    a pass the wait runs once, from an autograd engine callback at its end (as FSDP2 finishes its
+    reductions); outside one it runs now."""
     _issue_queued()
-    pending, RUNTIME.reductions = RUNTIME.reductions, []
-    for r in pending:
-        _accumulate(r)
+    _accumulate_completed()
+    task = torch._C._current_graph_task_id()
+    if task == -1:
+        _finish_backward()
+    elif RUNTIME.finish_queued_for != task:  # once per pass (a task id: a failed pass runs no callback)
+        RUNTIME.finish_queued_for = task
+        # The callback runs on the engine's thread: the wait goes to this graph's compute stream.
+        stream = torch.cuda.current_stream() if torch.cuda.is_initialized() else None
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: _finish_backward(stream))
     _release_fallback_after_backward()
+
+
+def _finish_backward(stream: torch.cuda.Stream | None = None) -> None:
+    RUNTIME.finish_queued_for = None
+    RUNTIME.backward_waits += 1
+    pending, RUNTIME.reductions = RUNTIME.reductions, []
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        for r in pending:
+            _accumulate(r)
 
 
 def _accumulate(r: _Reduction) -> None:
