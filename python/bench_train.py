@@ -353,6 +353,22 @@ def simulated_peak(compiler) -> int | None:
     return max((p for p in peaks if p is not None), default=None)
 
 
+def root_cause(e: BaseException) -> BaseException:
+    """The error a backend raised, out of dynamo's wrapper (``BackendCompilerFailed`` holds it as
+    ``inner_exception``) or an exception chain."""
+    while True:
+        inner = getattr(e, "inner_exception", None) or e.__cause__
+        if not isinstance(inner, Exception):
+            return e
+        e = inner
+
+
+def named_minimum(rec: dict) -> int | None:
+    """The smallest memory budget that an ``OverBudgetError`` in ``rec`` names, if it failed on one."""
+    m = re.search(r"OverBudgetError: .*the smallest memory budget that works is (\d+) bytes", rec.get("error") or "")
+    return int(m.group(1)) if m else None
+
+
 def matched_memory(rows: list[dict], model: str, target: str) -> tuple[int | None, str]:
     """The ``memory=`` at which zerosched's step should peak where ``target`` did on ``model``:
     ``target``'s peak allocation less what zerosched-inductor's step held beyond its schedules'
@@ -472,6 +488,7 @@ def worker_main(path: str) -> None:
         rec = {"status": "oom", "error": str(e).splitlines()[0]}
     except Exception as e:  # noqa: BLE001  (the record says what failed; the log has the traceback)
         traceback.print_exc()
+        e = root_cause(e)
         lines = str(e).strip().splitlines()
         rec = {"status": "error", "error": f"{type(e).__name__}: {lines[-1] if lines else ''}"}
     path = f"{job['record']}.{dist.get_rank()}"
@@ -703,6 +720,19 @@ def main(argv=None) -> list[dict]:
                 if rec.get("status") == "oom" and mb > 1:  # this configuration holds more: half the batch
                     rec = go({**base, "kind": "train", "config": config, "micro_batch": mb // 2},
                              f"{model}.{config}.half")
+                # Below what any schedule needs: again at the smallest the backend names. It names
+                # the failing graph's (the backward compiles after the forward ran), so a later
+                # graph may name a larger one.
+                named = named_minimum(rec) if config == "zerosched-memory" else None
+                for attempt in range(3):
+                    if named is None:
+                        break
+                    base["zerosched_memory"] = named
+                    rec = go({**base, "kind": "train", "config": config, "micro_batch": mb},
+                             f"{model}.{config}.named{attempt}")
+                    rec["memory_asked"] = memory
+                    later = named_minimum(rec)
+                    named = later if later is not None and later > named else None
             rec = {"model": model, "config": config, "world_size": world, "micro_batch": mb, **rec}
             if found is not None:
                 rec["micro_batch_search"] = found

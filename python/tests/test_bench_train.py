@@ -70,6 +70,14 @@ def test_a_configuration_past_its_time_limit_is_recorded_and_the_run_goes_on(tmp
     assert rows[0]["error"] == "killed after 1.5 s"
 
 
+def test_a_memory_below_every_schedule_runs_at_the_smallest_the_backend_names(tmp_path):
+    (row,) = bench(tmp_path, "--models", "llama-1b", "--configs", "zerosched-memory", "--zerosched-memory", "1",
+                   "--steps", "2", "--warmup", "1")
+    assert row["status"] == "ok", row
+    assert row["memory_asked"] == 1
+    assert row["zerosched"]["memory"] > 1  # the named minimum, which then schedules
+
+
 def test_arch_list_deepspeed_can_parse():
     sys.path.insert(0, os.path.join(ROOT, "python"))
     from bench_train import deepspeed_arch_list
