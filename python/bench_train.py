@@ -721,8 +721,8 @@ def main(argv=None) -> list[dict]:
                     rec = go({**base, "kind": "train", "config": config, "micro_batch": mb // 2},
                              f"{model}.{config}.half")
                 # Below what any schedule needs: again at the smallest the backend names. It names
-                # the failing graph's (the backward compiles after the forward ran), so a later
-                # graph may name a larger one.
+                # the smallest for one dynamo graph's forward and backward, so a later dynamo graph
+                # (after a graph break) may name a larger one.
                 named = named_minimum(rec) if config == "zerosched-memory" else None
                 for attempt in range(3):
                     if named is None:

@@ -41,10 +41,8 @@ def disagreeing_ranks() -> str:
                                 debug=True)
     try:
         _run(model, backend)
-    except torch._dynamo.exc.BackendCompilerFailed as e:  # the forward graph's compilation
+    except torch._dynamo.exc.BackendCompilerFailed as e:  # the forward's or the backward's, lowered together
         return str(e.inner_exception)
-    except zerosched.ZeroschedError as e:  # the backward graph's, which AOTAutograd runs lazily
-        return str(e)
     finally:
         h.close()
     raise AssertionError("no error")
@@ -205,3 +203,30 @@ def collectives_under_the_python_dispatcher() -> dict:
             setattr(m, n, fn)
         h.close()
     return counts
+
+
+def memory_named_for_both_graphs() -> dict:
+    """``memory=1`` fits neither graph of the step; the figure the error names, given back, compiles
+    and runs the forward and the backward, and one byte less does not."""
+    torch.manual_seed(0)
+    model = MLP(16)
+    h = zerosched.shard(model)
+
+    def attempt(memory: int) -> Exception | None:
+        try:
+            _run(model, zerosched.backend(memory=memory))
+        except torch._dynamo.exc.BackendCompilerFailed as e:
+            return e.inner_exception
+        except zerosched.OverBudgetError as e:
+            return e
+        return None
+
+    try:
+        first = attempt(1)
+        assert isinstance(first, zerosched.OverBudgetError), first
+        given_back = attempt(first.needed)
+        short = attempt(first.needed - 1)
+    finally:
+        h.close()
+    return {"needed": first.needed, "kind": first.kind, "message": str(first), "given_back": repr(given_back),
+            "short": type(short).__name__}

@@ -51,3 +51,11 @@ def test_no_collective_is_issued_holding_the_gil_through_the_python_dispatcher(r
         # reductions (one bucket).
         assert r["all_reduce"] == 4 and r["_all_gather"] >= 1 and r["_reduce_scatter"] >= 1, r
         assert r["python_dispatcher"] == 0, r
+
+
+def test_a_memory_budget_too_small_names_the_smallest_that_works_for_forward_and_backward(ranks):
+    for r in ranks.run(backend_cases.memory_named_for_both_graphs):
+        assert r["kind"] == "memory" and r["needed"] > 1
+        assert "`forward_0` and `backward_0`" in r["message"], r["message"]
+        assert r["given_back"] == "None", "the named figure must compile and run the whole step"
+        assert r["short"] == "OverBudgetError"

@@ -86,24 +86,45 @@ def backend(budget: int | str | None = None, scheduler: str = "prefetch", inner:
         world = {e.world_size for e in entries if e is not None}
         opts = {**options, "world_size": world.pop() if world else 1}
 
+        # A budget the forward cannot meet is reported with the backward's figure too, so that the
+        # smallest it names works for both graphs: the forward is then compiled at its own
+        # smallest, and the backward (lowered with the forward, not at its first run) raises.
+        over: list[_core.OverBudgetError] = []
+
         def fw(gm: torch.fx.GraphModule, ex: list, kind: str = "forward") -> Callable:
             params, rg = step.forward(gm)
-            return _compile(gm, ex, f"{kind}_{k}", kind, params, [], rg, opts, inner, debug, dumper=dumper)
+            name = f"{kind}_{k}"
+            try:
+                return _compile(gm, ex, name, kind, params, [], rg, opts, inner, debug, dumper=dumper)
+            except _core.OverBudgetError as e:
+                if kind != "forward":
+                    raise
+                over.append(e)
+                return _compile(gm, ex, name, kind, params, [], rg, {**opts, e.kind: e.needed}, inner, debug,
+                                dumper=dumper)
 
         def bw(gm: torch.fx.GraphModule, ex: list) -> Callable:
             _drop_grad_of(gm)
             params, grads, rg = step.backward(gm)
-            return _compile(gm, ex, f"backward_{k}", "backward", params, grads, rg, opts, inner, debug,
-                            persistent=step.persistent(grads), dumper=dumper)
+            try:
+                compiled = _compile(gm, ex, f"backward_{k}", "backward", params, grads, rg, opts, inner, debug,
+                                    persistent=step.persistent(grads), dumper=dumper)
+            except _core.OverBudgetError as e:
+                over.append(e)
+                compiled = None
+            if over:
+                raise _over_both(over, k, opts)
+            return compiled
 
-        return aot_autograd(
-            fw_compiler=fw,
-            bw_compiler=bw,
-            inference_compiler=lambda gm, ex: fw(gm, ex, "inference"),
-            decompositions=_decompositions(inner),
-            partition_fn=_partition([i for i, e in enumerate(entries) if e is not None]),
-            keep_inference_input_mutations=True,
-        )(dyn_gm, example_inputs)
+        with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+            return aot_autograd(
+                fw_compiler=fw,
+                bw_compiler=bw,
+                inference_compiler=lambda gm, ex: fw(gm, ex, "inference"),
+                decompositions=_decompositions(inner),
+                partition_fn=_partition([i for i, e in enumerate(entries) if e is not None]),
+                keep_inference_input_mutations=True,
+            )(dyn_gm, example_inputs)
 
     def compile_dynamo_graph(dyn_gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         entries = _entries(dyn_gm, example_inputs)
@@ -128,6 +149,21 @@ def backend(budget: int | str | None = None, scheduler: str = "prefetch", inner:
         return run
 
     return compile_dynamo_graph
+
+
+def _over_both(errors: list, k: int, opts: dict) -> Exception:
+    """One graph's error as it was, or, where both of the pair failed, one naming the smallest
+    budget of each kind that works for both."""
+    if len(errors) == 1:
+        return errors[0]
+    kinds = {e.kind for e in errors}
+    worst = max(errors, key=lambda e: e.needed)
+    needed = {kind: max(e.needed for e in errors if e.kind == kind) for kind in kinds}
+    what = "; ".join(f"the smallest {kind} budget that works is {n} bytes" for kind, n in sorted(needed.items()))
+    err = _core.OverBudgetError(f"graphs `forward_{k}` and `backward_{k}`: no schedule fits the {worst.kind} budget "
+                                f"given; {what}")
+    err.needed, err.kind = worst.needed, worst.kind
+    return err
 
 
 def _reuse_key(args: Sequence[Any]) -> tuple:
