@@ -153,6 +153,32 @@ impl CostModel {
         }
     }
 
+    /// The least time any collective of `kind` carrying at least `bytes` takes: what a lower
+    /// bound may charge for an op that a schedule may coalesce into a larger bucket. That is
+    /// `collective_ms` where it is nondecreasing in bytes (alpha-beta with a positive
+    /// bandwidth; a table whose byte points rise strictly and whose times do not fall, which
+    /// interpolation and extrapolation keep nondecreasing), else 0; never negative or NaN.
+    pub fn collective_floor_ms(&self, kind: Collective, bytes: u64, world: u32) -> f64 {
+        let monotone = match &self.collective {
+            CollectiveModel::AlphaBeta {
+                beta_bytes_per_s, ..
+            } => *beta_bytes_per_s > 0.0,
+            CollectiveModel::Table(t) => {
+                let points = match kind {
+                    Collective::AllGather => &t.all_gather,
+                    Collective::ReduceScatter => &t.reduce_scatter,
+                    Collective::AllReduce if t.all_reduce.is_empty() => &t.reduce_scatter,
+                    Collective::AllReduce => &t.all_reduce,
+                };
+                points
+                    .windows(2)
+                    .all(|w| matches!(w, [(b0, y0), (b1, y1)] if b0 < b1 && y0 <= y1))
+            }
+        };
+        let ms = self.collective_ms(kind, bytes, world);
+        if monotone && ms > 0.0 { ms } else { 0.0 }
+    }
+
     /// Loads a cost model from JSON (the format `serde` gives this type).
     pub fn from_json(text: &str) -> Result<CostModel, serde_json::Error> {
         serde_json::from_str(text)

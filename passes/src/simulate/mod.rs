@@ -62,8 +62,11 @@ pub struct Summary {
     pub stall_ms: f64,
     /// Time the compute stream waited for the host to issue its next node.
     pub host_wait_ms: f64,
-    /// `max(compute_ms, comm_ms, the host's issue time)`; for a program, the sum over its
-    /// graphs (they do not overlap).
+    /// A lower bound on the step of any valid schedule of the graph: the largest of its
+    /// compute, its communication, the host's issue time, and the head and tail terms of
+    /// [`dependency_bound`] (the first gathers before the compute that needs them, the last
+    /// reductions after the compute they reduce); for a program, the sum over its graphs (they
+    /// do not overlap).
     pub lower_bound_ms: f64,
     /// `step_ms / lower_bound_ms` (1 when the bound is 0).
     pub ratio: f64,
@@ -167,6 +170,7 @@ pub fn simulate_graph(g: &Graph, opts: &SimOptions) -> GraphSim {
     let _span = tracing::info_span!("simulate", graph = g.label()).entered();
     let mut sim = Sim::new(g, opts);
     sim.run();
+    let dependency = dependency_bound(&sim);
     let Sim {
         t_compute,
         t_comm,
@@ -185,7 +189,7 @@ pub fn simulate_graph(g: &Graph, opts: &SimOptions) -> GraphSim {
     } = sim;
     mem.finish();
     let step = t_compute.max(t_comm);
-    let bound = compute_total.max(comm_total).max(t_host);
+    let bound = compute_total.max(comm_total).max(t_host).max(dependency);
     GraphSim {
         graph: g.label().to_owned(),
         kind: g.kind.name(),
@@ -471,19 +475,10 @@ impl<'a> Sim<'a> {
         };
         let nodes = run[..len].to_vec();
         let (kind, bytes) = if op == Some(CommOp::ReduceGrad) {
-            let kind = if comm::reduce_sharded(g.node(head)) {
-                Collective::ReduceScatter
-            } else {
-                Collective::AllReduce
-            };
-            let bytes = nodes.iter().fold(0u64, |acc, &id| {
-                let n = g.node(id);
-                let grad = first_arg(n)
-                    .and_then(|v| val_bytes(g, v))
-                    .or_else(|| val_bytes(g, id))
-                    .unwrap_or(0);
-                acc.saturating_add(grad)
-            });
+            let kind = reduction_kind(g, head);
+            let bytes = nodes
+                .iter()
+                .fold(0u64, |acc, &id| acc.saturating_add(grad_bytes(g, id)));
             self.reduce_buckets += usize::from(len > 1);
             (kind, bytes)
         } else {
@@ -532,6 +527,146 @@ impl<'a> Sim<'a> {
             next = self.next_free[c];
         }
     }
+}
+
+fn reduction_kind(g: &Graph, id: NodeId) -> Collective {
+    if comm::reduce_sharded(g.node(id)) {
+        Collective::ReduceScatter
+    } else {
+        Collective::AllReduce
+    }
+}
+
+/// The gradient bytes a reduction carries.
+fn grad_bytes(g: &Graph, id: NodeId) -> u64 {
+    first_arg(g.node(id))
+        .and_then(|v| val_bytes(g, v))
+        .or_else(|| val_bytes(g, id))
+        .unwrap_or(0)
+}
+
+/// The head and tail terms of the lower bound: the larger of these over the graph, valid for
+/// every order of the graph's nodes that respects its data edges and every bucketing.
+///
+/// Each is a floor on when one serial compute stream, or the communication after it, can end:
+///
+/// - A compute node that depends (through data edges) on the wait of a gather `w` runs after
+///   that wait in any order, and the wait stalls the compute stream until the gather's
+///   collective, issued no earlier than 0, ends. That collective carries at least `w`'s bytes
+///   (a bucket carries its members' sum), so it takes at least `floor(w)`, the standalone
+///   time (`CostModel::collective_floor_ms`: the model's time where that grows with bytes,
+///   else 0). So the node cannot start before `rel`, the largest `floor` of the gathers it
+///   depends on. For any `θ`, the nodes with `rel >= θ` all run, one after another, in
+///   `[θ, end of compute]`: **head** = `max over θ of θ + their compute`. At `θ = t_min`,
+///   the smallest `rel`, that is `t_min + all compute depending on a gather`; with
+///   `compute_ms` beside it in the bound, this covers `max(compute not depending on a
+///   gather, t_min) + compute depending on one`.
+/// - A reduction `r` (or the bucket carrying it, whose collective is issued at its first
+///   member, which only reductions separate from `r`) is issued after every compute node it
+///   depends on, `A_r`, has ended; they ran one after another, and those of them depending on
+///   a gather started no earlier than the smallest `rel` among them, `t_r`. Its collective
+///   then takes at least `floor(r)`, and the step ends no earlier than the communication
+///   stream: **tail(r)** = `max(compute of A_r, t_r + compute of A_r depending on a
+///   gather) + floor(r)`.
+///
+/// Nodes not depending on a gather, and graphs with no gathers or no reductions, add nothing.
+/// Cost: one pass for `rel`, a sort of the nodes depending on gathers, and for each 64
+/// reductions one pass over the order and its edges with one `u64` per node (which of them
+/// each node is an ancestor of), plus one addition per (compute ancestor, reduction) pair.
+fn dependency_bound(sim: &Sim) -> f64 {
+    let g = sim.g;
+    let order = g.order();
+    let floor = |kind, bytes| {
+        sim.opts
+            .cost
+            .collective_floor_ms(kind, bytes, sim.opts.world_size)
+    };
+    let is_compute = |id: NodeId| sim.comm[id].is_none() && sim.cost[id] > 0.0;
+    // `rel[id]`: the earliest `id` can start because of the gathers it depends on; None when it
+    // depends on none. Program order is a topological order (the verifier's), so one pass.
+    let mut rel: SideTable<Option<f64>> = SideTable::new(g, None);
+    for &id in order {
+        let mut r: Option<f64> = None;
+        g.for_each_input(id, |p| {
+            if let Some(t) = rel[p] {
+                r = Some(r.map_or(t, |r: f64| r.max(t)));
+            }
+        });
+        if sim.comm[id] == Some(CommOp::Wait) {
+            let gather = first_arg(g.node(id))
+                .and_then(|v| sim.aliases.class(v))
+                .filter(|&c| sim.comm[c] == Some(CommOp::AllGather));
+            if let Some(gather) = gather {
+                let t = floor(Collective::AllGather, sim.bytes[gather]);
+                r = Some(r.map_or(t, |r| r.max(t)));
+            }
+        }
+        rel[id] = r;
+    }
+
+    // Head: by `rel` descending, each prefix is the nodes with `rel` at least its last one's.
+    let mut dependent: Vec<(f64, NodeId)> = order
+        .iter()
+        .filter(|&&id| is_compute(id))
+        .filter_map(|&id| rel[id].map(|r| (r, id)))
+        .collect();
+    dependent.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut bound = 0.0f64;
+    let mut after = 0.0;
+    for &(r, id) in &dependent {
+        after += sim.cost[id];
+        bound = bound.max(r + after);
+    }
+
+    // Tail, 64 reductions at a time.
+    let reductions: Vec<NodeId> = order
+        .iter()
+        .copied()
+        .filter(|&id| sim.comm[id] == Some(CommOp::ReduceGrad))
+        .collect();
+    let mut reaches: SideTable<u64> = SideTable::new(g, 0);
+    for block in reductions.chunks(64) {
+        for &id in order {
+            reaches[id] = 0;
+        }
+        for (k, &r) in block.iter().enumerate() {
+            reaches[r] |= 1u64 << k;
+        }
+        for &id in order.iter().rev() {
+            let bits = reaches[id];
+            if bits != 0 {
+                g.for_each_input(id, |p| reaches[p] |= bits);
+            }
+        }
+        let mut all = [0.0f64; 64];
+        let mut dep = [0.0f64; 64];
+        let mut start = [f64::INFINITY; 64];
+        for &id in order {
+            if !is_compute(id) {
+                continue;
+            }
+            let mut bits = reaches[id];
+            while bits != 0 {
+                let k = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if let (Some(a), Some(d), Some(s)) =
+                    (all.get_mut(k), dep.get_mut(k), start.get_mut(k))
+                {
+                    *a += sim.cost[id];
+                    if let Some(r) = rel[id] {
+                        *d += sim.cost[id];
+                        *s = s.min(r);
+                    }
+                }
+            }
+        }
+        for (k, &r) in block.iter().enumerate() {
+            let (a, d, s) = (all[k % 64], dep[k % 64], start[k % 64]);
+            let done = if s.is_finite() { a.max(s + d) } else { a };
+            bound = bound.max(done + floor(reduction_kind(g, r), grad_bytes(g, r)));
+        }
+    }
+    bound
 }
 
 fn first_arg(n: &zerosched_ir::Node) -> Option<NodeId> {
