@@ -29,6 +29,19 @@ pub struct CollectiveTable {
     pub all_reduce: Vec<(u64, f64)>,
 }
 
+impl CollectiveTable {
+    /// The points that price `kind`, and the factor on them: an all-reduce without points of
+    /// its own is priced as two reduce-scatters.
+    fn points(&self, kind: Collective) -> (&[(u64, f64)], f64) {
+        match kind {
+            Collective::AllGather => (&self.all_gather, 1.0),
+            Collective::ReduceScatter => (&self.reduce_scatter, 1.0),
+            Collective::AllReduce if self.all_reduce.is_empty() => (&self.reduce_scatter, 2.0),
+            Collective::AllReduce => (&self.all_reduce, 1.0),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum CollectiveModel {
@@ -137,17 +150,7 @@ impl CostModel {
                 alpha_ms + factor * bytes as f64 * (n - 1.0) / n / beta_bytes_per_s * 1e3
             }
             CollectiveModel::Table(t) => {
-                let points = match kind {
-                    Collective::AllGather => &t.all_gather,
-                    Collective::ReduceScatter => &t.reduce_scatter,
-                    Collective::AllReduce if t.all_reduce.is_empty() => &t.reduce_scatter,
-                    Collective::AllReduce => &t.all_reduce,
-                };
-                let scale = if kind == Collective::AllReduce && t.all_reduce.is_empty() {
-                    2.0
-                } else {
-                    1.0
-                };
+                let (points, scale) = t.points(kind);
                 scale * interpolate(points, bytes)
             }
         }
@@ -163,17 +166,11 @@ impl CostModel {
             CollectiveModel::AlphaBeta {
                 beta_bytes_per_s, ..
             } => *beta_bytes_per_s > 0.0,
-            CollectiveModel::Table(t) => {
-                let points = match kind {
-                    Collective::AllGather => &t.all_gather,
-                    Collective::ReduceScatter => &t.reduce_scatter,
-                    Collective::AllReduce if t.all_reduce.is_empty() => &t.reduce_scatter,
-                    Collective::AllReduce => &t.all_reduce,
-                };
-                points
-                    .windows(2)
-                    .all(|w| matches!(w, [(b0, y0), (b1, y1)] if b0 < b1 && y0 <= y1))
-            }
+            CollectiveModel::Table(t) => t
+                .points(kind)
+                .0
+                .windows(2)
+                .all(|w| matches!(w, [(b0, y0), (b1, y1)] if b0 < b1 && y0 <= y1)),
         };
         let ms = self.collective_ms(kind, bytes, world);
         if monotone && ms > 0.0 { ms } else { 0.0 }

@@ -61,6 +61,16 @@ fn move_before(g: &mut Graph, node: NodeId, before: NodeId) {
     zerosched_ir::verify::graph(g).unwrap();
 }
 
+/// Puts `ids` in bucket `bucket`.
+fn bucket(g: &mut Graph, ids: &[NodeId], bucket: i64) {
+    for &id in ids {
+        let n = g.node(id);
+        let (args, mut kwargs) = (n.args.clone(), n.kwargs.clone());
+        zerosched_ir::comm::set_bucket(&mut kwargs, bucket);
+        g.set_args(id, args, kwargs).unwrap();
+    }
+}
+
 /// `y = mm(x, w)` with an optional 3 ms kernel before it.
 fn one_gather(lead: bool) -> Graph {
     let mut b = Builder::new("forward_0", GraphKind::Forward);
@@ -139,12 +149,7 @@ fn two_gathers(bucketed: bool) -> Graph {
     let first_wait = find(&g, CommOp::Wait)[0];
     move_before(&mut g, gathers[1], first_wait);
     if bucketed {
-        for &id in &gathers {
-            let n = g.node(id);
-            let (args, mut kwargs) = (n.args.clone(), n.kwargs.clone());
-            kwargs.insert("bucket", Arg::Int(7));
-            g.set_args(id, args, kwargs).unwrap();
-        }
+        bucket(&mut g, &gathers, 7);
     }
     g
 }
@@ -247,12 +252,7 @@ fn adjacent_reductions(bucketed: bool) -> Graph {
     move_before(&mut g, reduces[0], reduces[1]);
     move_before(&mut g, reduces[1], end);
     if bucketed {
-        for &id in &reduces {
-            let n = g.node(id);
-            let (args, mut kwargs) = (n.args.clone(), n.kwargs.clone());
-            kwargs.insert("bucket", Arg::Int(3));
-            g.set_args(id, args, kwargs).unwrap();
-        }
+        bucket(&mut g, &reduces, 3);
     }
     g
 }

@@ -474,19 +474,20 @@ impl<'a> Sim<'a> {
                 .count(),
         };
         let nodes = run[..len].to_vec();
-        let (kind, bytes) = if op == Some(CommOp::ReduceGrad) {
-            let kind = reduction_kind(g, head);
-            let bytes = nodes
-                .iter()
-                .fold(0u64, |acc, &id| acc.saturating_add(grad_bytes(g, id)));
+        let reduce = op == Some(CommOp::ReduceGrad);
+        let bytes = nodes.iter().fold(0u64, |acc, &id| {
+            acc.saturating_add(if reduce {
+                grad_bytes(g, id)
+            } else {
+                self.bytes[id]
+            })
+        });
+        let kind = if reduce {
             self.reduce_buckets += usize::from(len > 1);
-            (kind, bytes)
+            reduction_kind(g, head)
         } else {
-            let bytes = nodes
-                .iter()
-                .fold(0u64, |acc, &id| acc.saturating_add(self.bytes[id]));
             self.buckets += usize::from(len > 1);
-            (Collective::AllGather, bytes)
+            Collective::AllGather
         };
         self.issue(kind, nodes, bytes);
         len
